@@ -1,0 +1,55 @@
+"""How a batch is split over data-parallel ranks, mini-batches and micro-batches.
+
+Every rank receives the whole batch and computes the same plan, so each knows its rows and
+the global token count of every mini-batch (for an exact token mean across ranks). All ranks
+get the same number of micro-batches, because FSDP collectives must line up; a rank with
+fewer rows gets empty micro-batches, which the backend runs as a masked dummy row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class MiniBatchPlan:
+    """One optimizer step: this rank's micro-batches and the global token count."""
+
+    micro_batches: list[np.ndarray]  # row indices per micro-batch (may be empty)
+    global_tokens: float  # loss-mask tokens in this mini-batch over all ranks
+
+
+def _equal_micro_batches(rank_rows: list[np.ndarray], rank: int, micro: int) -> list[np.ndarray]:
+    count = max(1, max(math.ceil(len(rows) / micro) for rows in rank_rows))
+    return np.array_split(rank_rows[rank], count)
+
+
+def forward_plan(num_rows: int, world_size: int, rank: int, micro: int) -> list[np.ndarray]:
+    """Micro-batches of rows this rank scores in a forward-only pass."""
+    rank_rows = np.array_split(np.arange(num_rows), world_size)
+    return _equal_micro_batches(rank_rows, rank, micro)
+
+
+def train_plan(
+    loss_mask: np.ndarray,
+    world_size: int,
+    rank: int,
+    num_mini_batches: int,
+    micro: int,
+    seed: int,
+) -> list[MiniBatchPlan]:
+    """Shuffle rows, cut them into mini-batches, and give each rank its share of each."""
+    order = np.random.default_rng(seed).permutation(loss_mask.shape[0])
+    plans = []
+    for mini in np.array_split(order, num_mini_batches):
+        rank_rows = np.array_split(np.sort(mini), world_size)
+        plans.append(
+            MiniBatchPlan(
+                micro_batches=_equal_micro_batches(rank_rows, rank, micro),
+                global_tokens=float(loss_mask[mini].sum()),
+            )
+        )
+    return plans

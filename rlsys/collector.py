@@ -1,0 +1,102 @@
+"""Turn prompts into scored rollout groups, and measure held-out accuracy, via a rollout pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlsys.rewards import RewardFn, score
+from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
+
+GenerateFn = Callable[[list[list[int]], SamplingParams, int | None], list[list[Completion]]]
+
+
+@dataclass
+class EvalResult:
+    """Greedy held-out figures."""
+
+    accuracy: float
+    mean_reward: float
+    mean_response_tokens: float
+    num_prompts: int
+
+
+class RolloutCollector:
+    """Tokenises prompts, generates with ``generate`` and scores every completion."""
+
+    def __init__(
+        self, generate: GenerateFn, tokenizer, reward_fn: RewardFn, max_prompt_tokens: int
+    ) -> None:
+        self.generate_fn = generate
+        self.tokenizer = tokenizer
+        self.reward_fn = reward_fn
+        self.max_prompt_tokens = max_prompt_tokens
+        self.reward_errors = 0
+        self.skipped_prompts = 0
+
+    def encode(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]]]:
+        """Token ids of each prompt; prompts over ``task.max_prompt_tokens`` are skipped."""
+        kept, ids = [], []
+        for prompt in prompts:
+            tokens = self.tokenizer.encode(prompt.text, add_special_tokens=False)
+            if len(tokens) > self.max_prompt_tokens:
+                self.skipped_prompts += 1
+                continue
+            kept.append(prompt)
+            ids.append(tokens)
+        return kept, ids
+
+    def generate(
+        self, prompts: list[Prompt], sampling: SamplingParams, seed: int | None = None
+    ) -> list[RolloutGroup]:
+        """One group of ``sampling.n`` decoded, not yet scored, samples per prompt."""
+        prompts, prompt_ids = self.encode(prompts)
+        if not prompts:
+            return []
+        completions = self.generate_fn(prompt_ids, sampling, seed)
+        return [
+            RolloutGroup(
+                prompt,
+                [
+                    Sample(
+                        prompt, ids, c, self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+                    )
+                    for c in group
+                ],
+            )
+            for prompt, ids, group in zip(prompts, prompt_ids, completions, strict=True)
+        ]
+
+    def score(self, groups: list[RolloutGroup]) -> None:
+        """Fill in every sample's reward; a failing reward function scores 0 and is counted."""
+        for group in groups:
+            metadata = {**group.prompt.meta, "answer": group.prompt.answer}
+            for sample in group.samples:
+                outcome = score(self.reward_fn, group.prompt.text, sample.text, metadata)
+                self.reward_errors += outcome.error is not None
+                sample.reward, sample.correct = outcome.reward, outcome.correct
+
+    def collect(
+        self, prompts: list[Prompt], sampling: SamplingParams, seed: int | None = None
+    ) -> list[RolloutGroup]:
+        """Generate and score."""
+        groups = self.generate(prompts, sampling, seed)
+        self.score(groups)
+        return groups
+
+    def evaluate(self, prompts: list[Prompt], max_new_tokens: int) -> EvalResult:
+        """Greedy accuracy on ``prompts``."""
+        groups = self.collect(
+            prompts, SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens)
+        )
+        samples = [g.samples[0] for g in groups]
+        return EvalResult(
+            accuracy=float(np.mean([s.correct for s in samples])) if samples else 0.0,
+            mean_reward=float(np.mean([s.reward for s in samples])) if samples else 0.0,
+            mean_response_tokens=float(np.mean([len(s.completion.token_ids) for s in samples]))
+            if samples
+            else 0.0,
+            num_prompts=len(samples),
+        )

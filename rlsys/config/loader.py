@@ -1,0 +1,85 @@
+"""Compose a run's config with Hydra: dataclass schema + YAML presets + CLI overrides."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import ConfigCompositionException, HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from rlsys.config.errors import ConfigError
+from rlsys.config.schema import TrainConfig
+
+SCHEMA_NAME = "rlsys_schema"
+
+
+def conf_dir() -> Path:
+    """The presets folder: $RLSYS_CONF_DIR, else ``conf/`` beside the package."""
+    env = os.environ.get("RLSYS_CONF_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+
+
+def _register_schema() -> None:
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
+
+
+def _all_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        keys.append(path)
+        if isinstance(value, DictConfig):
+            keys.extend(_all_keys(value, f"{path}."))
+    return keys
+
+
+def _explain(exc: Exception, overrides: list[str]) -> str:
+    """Turn Hydra/OmegaConf errors into one line naming the key and the fix."""
+    cause = exc
+    while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    message = str(cause).strip().splitlines()[0] if str(cause).strip() else repr(cause)
+    full_key = getattr(cause, "full_key", None)
+    if full_key and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        known = _all_keys(OmegaConf.structured(TrainConfig))
+        close = difflib.get_close_matches(str(full_key), known, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else "; see `rlsys train --cfg job`"
+        return f"unknown config key '{full_key}'{hint}"
+    if full_key:
+        return f"bad value for config key '{full_key}': {message}"
+    return f"{message} (overrides: {' '.join(overrides) or 'none'})"
+
+
+def compose_config(overrides: list[str], config_name: str = "config") -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` with overrides; raises ConfigError on bad input."""
+    _register_schema()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return compose(config_name=config_name, overrides=list(overrides))
+    except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_explain(exc, overrides)) from exc
+
+
+def to_typed(cfg: DictConfig) -> TrainConfig:
+    """Instantiate the dataclasses (running every ``__post_init__`` check)."""
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_explain(exc, [])) from exc
+    assert isinstance(typed, TrainConfig)
+    return typed
+
+
+def load_config(overrides: list[str] | None = None, config_name: str = "config") -> TrainConfig:
+    """Compose and validate a run config."""
+    return to_typed(compose_config(overrides or [], config_name))
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    """The resolved config as YAML (what goes to ``<run_dir>/config.yaml``)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

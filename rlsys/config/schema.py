@@ -1,0 +1,393 @@
+"""Typed configuration: the one place every default lives.
+
+Each dataclass is one component's config; a component receives only its own. Checks that
+involve one component live in its ``__post_init__``; checks across components live in
+``TrainConfig.__post_init__``. Every error names the key at fault and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlsys.config.errors import ConfigError
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key}={value} must be > 0; set {key} to a positive value")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{key}={value} must be >= 0; set {key} to zero or more")
+
+
+def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not one of {list(choices)}; pick one of those")
+
+
+@dataclass
+class RunConfig:
+    """Where a run writes and how it is seeded."""
+
+    name: str | None = None  # run directory name; default: a timestamp
+    output_dir: str = "outputs"  # parent of run directories
+    seed: int = 0
+
+
+@dataclass
+class ClusterConfig:
+    """Which Ray cluster to use."""
+
+    address: str | None = None  # null: start a local Ray; "auto" or "ray://host:10001": join one
+    num_cpus: int | None = None  # local Ray only: CPUs to give it (null: all cores)
+    num_gpus: int | None = None  # local Ray only: GPUs to give it (null: all visible)
+
+    def __post_init__(self) -> None:
+        if self.num_cpus is not None:
+            _positive("cluster.num_cpus", self.num_cpus)
+        if self.num_gpus is not None:
+            _non_negative("cluster.num_gpus", self.num_gpus)
+
+
+@dataclass
+class ModelConfig:
+    """The policy model: a built-in tiny model, a local HF directory or a hub id."""
+
+    path: str = "builtin:tiny"  # "builtin:<name>", a local directory, or a hub id
+    dtype: str = "float32"  # parameter dtype on the learner and engines
+    # Built-in models only: the architecture (Qwen2-style decoder, random init).
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = False  # Qwen2 default; tied embeddings slow a tiny model down
+
+    def __post_init__(self) -> None:
+        _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            _positive(f"model.{key}", getattr(self, key))
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size} is not divisible by "
+                f"model.num_heads={self.num_heads}; pick sizes that divide"
+            )
+        head_dim = self.hidden_size // self.num_heads
+        if head_dim < 32:
+            raise ConfigError(
+                f"model.hidden_size / model.num_heads = {head_dim}: head_dim must be >= 32 "
+                "(vLLM kernels need it); lower model.num_heads or raise model.hidden_size"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.num_heads={self.num_heads} is not a multiple of "
+                f"model.num_kv_heads={self.num_kv_heads}; make it one"
+            )
+
+
+@dataclass
+class TaskConfig:
+    """The verifiable task: a built-in arithmetic family or a jsonl/parquet dataset."""
+
+    name: str = "arithmetic"  # "arithmetic" or "file"
+    reward: str = "exact_match"  # reward function from the rewards registry
+    # Arithmetic difficulty knobs.
+    digits: int = 2  # operands have 1..digits digits
+    operators: list[str] = field(default_factory=lambda: ["+"])
+    reverse_answer: bool = True  # write the zero-padded answer least-significant digit first
+    pad_operands: bool = False  # true: "05+29=" (one prompt shape for every problem)
+    train_size: int = 9500
+    eval_size: int = 500
+    # File datasets (task.name=file).
+    train_path: str | None = None
+    eval_path: str | None = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    max_prompt_tokens: int = 64  # longer prompts are skipped and counted
+    max_new_tokens: int | None = None  # null: the task's own bound (arithmetic: answer + EOS)
+
+    def __post_init__(self) -> None:
+        _one_of("task.name", self.name, ("arithmetic", "file"))
+        _positive("task.digits", self.digits)
+        _positive("task.train_size", self.train_size)
+        _positive("task.eval_size", self.eval_size)
+        _positive("task.max_prompt_tokens", self.max_prompt_tokens)
+        if self.max_new_tokens is not None:
+            _positive("task.max_new_tokens", self.max_new_tokens)
+        bad = [op for op in self.operators if op not in ("+", "-", "*")]
+        if bad or not self.operators:
+            raise ConfigError(
+                f"task.operators={list(self.operators)} must be a non-empty subset of "
+                "['+', '-', '*']"
+            )
+        if self.name == "file" and not self.train_path:
+            raise ConfigError("task.name=file needs task.train_path=<file.jsonl|file.parquet>")
+
+
+@dataclass
+class DataConfig:
+    """How prompts are drawn for training."""
+
+    batch_size: int = 32  # prompts per step (each gets rollout.n_samples completions)
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("data.batch_size", self.batch_size)
+
+
+@dataclass
+class RolloutConfig:
+    """The rollout pool: generation engines in Ray actors."""
+
+    engine: str = "hf"  # "hf" (transformers generate); "vllm" arrives with the vLLM engine
+    num_workers: int = 1
+    num_cpus_per_worker: float = 2.0  # also the torch thread count of each worker
+    num_gpus_per_worker: float = 0.0
+    n_samples: int = 8  # completions per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    micro_batch_size: int = 512  # sequences per generate() call
+
+    def __post_init__(self) -> None:
+        _one_of("rollout.engine", self.engine, ("hf",))
+        _positive("rollout.num_workers", self.num_workers)
+        _positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
+        _non_negative("rollout.num_gpus_per_worker", self.num_gpus_per_worker)
+        _positive("rollout.n_samples", self.n_samples)
+        _positive("rollout.temperature", self.temperature)
+        _positive("rollout.micro_batch_size", self.micro_batch_size)
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW settings of a learner."""
+
+    lr: float = 3e-4  # Adam moves every weight by ~lr on its first steps: keep RL rates small
+    warmup_steps: int = 10  # optimizer steps of linear learning-rate warm-up
+    schedule: str = "cosine"  # after warm-up: "cosine" decay over the run, or "constant"
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        _positive("learner.optim.lr", self.lr)
+        _non_negative("learner.optim.warmup_steps", self.warmup_steps)
+        _one_of("learner.optim.schedule", self.schedule, ("cosine", "constant"))
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"learner.optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        _non_negative("learner.optim.weight_decay", self.weight_decay)
+        _non_negative("learner.optim.grad_clip", self.grad_clip)
+
+
+@dataclass
+class LearnerConfig:
+    """The learner group: `world_size` Ray actors running one training backend."""
+
+    backend: str = "fsdp2"
+    world_size: int = 2
+    num_cpus_per_rank: float = 1.0  # also the torch thread count of each rank
+    num_gpus_per_rank: float = 0.0
+    num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
+    ppo_epochs: int = 2  # passes over the batch
+    micro_batch_size: int = 128  # sequences per forward/backward on one rank
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        _one_of("learner.backend", self.backend, ("fsdp2",))
+        _positive("learner.world_size", self.world_size)
+        _positive("learner.num_cpus_per_rank", self.num_cpus_per_rank)
+        _non_negative("learner.num_gpus_per_rank", self.num_gpus_per_rank)
+        _positive("learner.num_mini_batches", self.num_mini_batches)
+        _positive("learner.ppo_epochs", self.ppo_epochs)
+        _positive("learner.micro_batch_size", self.micro_batch_size)
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimator, policy loss and regularisers."""
+
+    name: str = "grpo"
+    advantage: str = "grpo"  # advantage estimator from rlsys.algorithms
+    normalize_std: bool = True  # GRPO: divide by the group's reward std
+    clip_eps: float = 0.2  # PPO ratio clip (low side)
+    # Clip-higher (DAPO): a wider upper range lets unlikely tokens with positive advantage
+    # grow, which keeps exploration alive; null makes the range symmetric (= clip_eps).
+    clip_eps_high: float | None = 0.28
+    kl_coef: float = 0.0  # > 0 starts a reference worker and adds a KL loss term
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's low-variance estimator)
+    entropy_coef: float = 0.0
+    filter_uniform_groups: bool = True  # drop groups whose rewards are all equal (no signal)
+
+    def __post_init__(self) -> None:
+        _one_of("algorithm.advantage", self.advantage, ("grpo",))
+        _one_of("algorithm.kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+        _positive("algorithm.clip_eps", self.clip_eps)
+        if self.clip_eps_high is not None:
+            _positive("algorithm.clip_eps_high", self.clip_eps_high)
+        _non_negative("algorithm.kl_coef", self.kl_coef)
+        _non_negative("algorithm.entropy_coef", self.entropy_coef)
+
+
+@dataclass
+class ReferenceConfig:
+    """The frozen reference policy (started only when algorithm.kl_coef > 0)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive("reference.num_cpus", self.num_cpus)
+
+
+@dataclass
+class BufferConfig:
+    """The streaming buffer between scoring and the learner."""
+
+    max_staleness: int = 0  # policy versions a sample may lag; 0 is synchronous on-policy
+
+    def __post_init__(self) -> None:
+        if self.max_staleness != 0:
+            raise ConfigError(
+                f"buffer.max_staleness={self.max_staleness}: only 0 (synchronous) is "
+                "supported in this release; set buffer.max_staleness=0"
+            )
+
+
+@dataclass
+class WeightSyncConfig:
+    """How new weights travel from the learner to the rollout engines."""
+
+    transport: str = "object_store"
+    bucket_mb: float = 64.0  # a bucket holds at most this many MiB of tensors
+
+    def __post_init__(self) -> None:
+        _one_of("weight_sync.transport", self.transport, ("object_store",))
+        _positive("weight_sync.bucket_mb", self.bucket_mb)
+
+
+@dataclass
+class PlacementConfig:
+    """Whether rollout and learner pools share devices or have their own."""
+
+    mode: str = "colocated"  # colocated: pools time-share the same CPUs/GPUs
+
+    def __post_init__(self) -> None:
+        _one_of("placement.mode", self.mode, ("colocated", "disaggregated"))
+
+
+@dataclass
+class TrainerConfig:
+    """Length of the run and how often it evaluates."""
+
+    total_steps: int = 400
+    eval_every: int = 25  # greedy held-out eval every K steps (0: only before and after)
+    max_wall_s: float | None = None  # stop early (with a final eval) after this many seconds
+
+    def __post_init__(self) -> None:
+        _positive("trainer.total_steps", self.total_steps)
+        _non_negative("trainer.eval_every", self.eval_every)
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation."""
+
+    num_prompts: int = 500  # taken from the start of the task's eval split
+    max_new_tokens: int | None = None  # null: as in training
+
+    def __post_init__(self) -> None:
+        _positive("eval.num_prompts", self.num_prompts)
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning (``rlsys sft`` and the warm start of ``rlsys train``)."""
+
+    max_steps: int = 1500
+    batch_size: int = 64
+    lr: float = 1e-3
+    eval_every: int = 10
+    eval_prompts: int = 200
+    # Stop at the first eval at or above this (null: never). The default warm start stops
+    # part-way, so RL has room to show what it adds.
+    target_accuracy: float | None = 0.45
+
+    def __post_init__(self) -> None:
+        _positive("sft.max_steps", self.max_steps)
+        _positive("sft.batch_size", self.batch_size)
+        _positive("sft.lr", self.lr)
+        _positive("sft.eval_every", self.eval_every)
+        _positive("sft.eval_prompts", self.eval_prompts)
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ConfigError(f"sft.target_accuracy={self.target_accuracy} must be in (0, 1]")
+
+
+@dataclass
+class WarmStartConfig:
+    """Brief SFT before RL, cached so later runs skip it."""
+
+    enabled: bool = True
+    cache: bool = True  # reuse a cached warm-started model with the same inputs
+
+
+@dataclass
+class TrackingConfig:
+    """Where metrics go besides metrics.jsonl."""
+
+    console: bool = True
+    wandb: bool = False
+    wandb_project: str = "rlsys"
+    wandb_mode: str = "offline"  # offline | online
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        _one_of("tracking.wandb_mode", self.wandb_mode, ("offline", "online"))
+
+
+@dataclass
+class TrainConfig:
+    """Root config of ``rlsys train`` / ``sft`` / ``eval``."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.eval.num_prompts > self.task.eval_size:
+            raise ConfigError(
+                f"eval.num_prompts={self.eval.num_prompts} exceeds task.eval_size="
+                f"{self.task.eval_size}; lower eval.num_prompts or raise task.eval_size"
+            )
+        if self.sft.eval_prompts > self.task.eval_size:
+            raise ConfigError(
+                f"sft.eval_prompts={self.sft.eval_prompts} exceeds task.eval_size="
+                f"{self.task.eval_size}; lower sft.eval_prompts"
+            )
+        samples = self.data.batch_size * self.rollout.n_samples
+        needed = self.learner.world_size * self.learner.num_mini_batches
+        if samples < needed:
+            raise ConfigError(
+                f"data.batch_size * rollout.n_samples = {samples} samples cannot feed "
+                f"learner.world_size * learner.num_mini_batches = {needed} mini-batch shards; "
+                "raise data.batch_size or lower learner.num_mini_batches"
+            )

@@ -1,0 +1,58 @@
+"""Pack prompts and responses into padded ``TrainBatch`` arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlsys.types import Sample, TrainBatch
+
+
+def pack(
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    response_logprobs: Sequence[Sequence[float]] | None = None,
+) -> TrainBatch:
+    """Left-pad prompts and right-pad responses to one (B, T) layout.
+
+    The loss mask covers exactly the response tokens; behaviour logprobs (if given) land on
+    the same positions, so entry t of every (B, T-1) array scores ``input_ids[:, t + 1]``.
+    """
+    batch = len(prompt_ids)
+    p_len = max(len(p) for p in prompt_ids)
+    r_len = max(max((len(r) for r in response_ids), default=0), 1)
+    width = p_len + r_len
+    input_ids = np.full((batch, width), pad_id, dtype=np.int64)
+    attention = np.zeros((batch, width), dtype=np.int64)
+    loss_mask = np.zeros((batch, width - 1), dtype=np.float32)
+    behaviour = np.zeros((batch, width - 1), dtype=np.float32)
+    for i, (prompt, response) in enumerate(zip(prompt_ids, response_ids, strict=True)):
+        start = p_len - len(prompt)
+        input_ids[i, start:p_len] = prompt
+        input_ids[i, p_len : p_len + len(response)] = response
+        attention[i, start : p_len + len(response)] = 1
+        # Target index t+1 = p_len + j  ->  logprob index p_len - 1 + j.
+        loss_mask[i, p_len - 1 : p_len - 1 + len(response)] = 1.0
+        if response_logprobs is not None:
+            behaviour[i, p_len - 1 : p_len - 1 + len(response)] = response_logprobs[i]
+    return TrainBatch(input_ids, attention, loss_mask, behaviour)
+
+
+def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
+    """A TrainBatch of scored samples, with rewards and versions filled in."""
+    batch = pack(
+        [s.prompt_ids for s in samples],
+        [s.completion.token_ids for s in samples],
+        pad_id,
+        [s.completion.logprobs for s in samples],
+    )
+    batch.rewards = np.array([s.reward for s in samples], dtype=np.float32)
+    batch.versions = np.array([s.completion.version for s in samples], dtype=np.int64)
+    return batch
+
+
+def position_ids(attention_mask):
+    """Positions counted over real tokens only (matches HF generate with left padding)."""
+    return (attention_mask.cumsum(-1) - 1).clip(min=0)

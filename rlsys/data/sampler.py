@@ -1,0 +1,43 @@
+"""Epoch-based prompt sampler with a checkpointable position."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlsys.types import Prompt
+
+
+class PromptSampler:
+    """Yields batches of prompts; reshuffles each epoch (deterministic in the seed)."""
+
+    def __init__(self, prompts: list[Prompt], batch_size: int, shuffle: bool, seed: int) -> None:
+        if not prompts:
+            raise ValueError("the task's train split is empty; check task.* settings")
+        self.prompts, self.batch_size, self.shuffle, self.seed = prompts, batch_size, shuffle, seed
+        self.epoch, self.position = 0, 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> np.ndarray:
+        n = len(self.prompts)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(n)
+
+    def next_batch(self) -> list[Prompt]:
+        """The next ``batch_size`` prompts, wrapping into a new epoch as needed."""
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.position >= len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._make_order()
+            take = self._order[self.position : self.position + self.batch_size - len(batch)]
+            batch.extend(self.prompts[i] for i in take)
+            self.position += len(take)
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._make_order()

@@ -1,0 +1,139 @@
+"""Verifiable tasks: prompts with ground truth, split into train and held-out eval.
+
+The arithmetic family is synthetic and deterministic in the seed: ``a<op>b=`` with operands of
+up to ``digits`` digits (zero-padded to one width with ``pad_operands``); the answer is
+zero-padded to a fixed width and, by default, written least-significant digit first
+(reversed), which a small decoder learns far more easily.
+File tasks read jsonl or parquet rows with configurable prompt and answer columns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rlsys.config.schema import TaskConfig
+from rlsys.types import Prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskSplits:
+    """Train and eval prompts of one task, with its default response-length bound."""
+
+    train: list[Prompt]
+    eval: list[Prompt]
+    max_new_tokens: int
+    skipped_rows: int = 0  # malformed file rows left out
+
+
+def _answer_width(op: str, digits: int) -> int:
+    return {"+": digits + 1, "-": digits, "*": 2 * digits}[op]
+
+
+def arithmetic_problem(
+    a: int, op: str, b: int, digits: int, reverse: bool, pad_operands: bool = False
+) -> tuple[str, str]:
+    """The prompt text and answer string of one problem."""
+    if op == "-" and a < b:
+        a, b = b, a
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    answer = str(value).zfill(_answer_width(op, digits))
+    width = digits if pad_operands else 0
+    return f"{a:0{width}d}{op}{b:0{width}d}=", answer[::-1] if reverse else answer
+
+
+def arithmetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """Unique problems drawn without replacement; the first ``eval_size`` are held out."""
+    space = 10**cfg.digits
+    total = len(cfg.operators) * space * space
+    wanted = cfg.train_size + cfg.eval_size
+    if wanted > total:
+        raise ValueError(
+            f"task.train_size + task.eval_size = {wanted} exceeds the {total} distinct "
+            f"problems with task.digits={cfg.digits} and task.operators={list(cfg.operators)}; "
+            "lower the sizes or raise task.digits"
+        )
+    rng = np.random.default_rng(seed)
+    codes = rng.choice(total, size=wanted, replace=False)
+    prompts = []
+    for uid, code in enumerate(codes.tolist()):
+        op_index, rest = divmod(code, space * space)
+        a, b = divmod(rest, space)
+        op = cfg.operators[op_index]
+        text, answer = arithmetic_problem(
+            a, op, b, cfg.digits, cfg.reverse_answer, cfg.pad_operands
+        )
+        prompts.append(Prompt(uid=uid, text=text, answer=answer))
+    width = max(_answer_width(op, cfg.digits) for op in cfg.operators)
+    return TaskSplits(
+        train=prompts[cfg.eval_size :],
+        eval=prompts[: cfg.eval_size],
+        max_new_tokens=cfg.max_new_tokens or width + 1,
+    )
+
+
+def _read_rows(path: str) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"dataset file {path!r} does not exist (task.train_path/eval_path)")
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(p).to_pylist()
+    if p.suffix in (".jsonl", ".json"):
+        rows = []
+        with p.open() as fh:
+            for line in fh:
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        rows.append({})  # counted as malformed below
+        return rows
+    raise ValueError(f"dataset file {path!r}: use .jsonl or .parquet")
+
+
+def _rows_to_prompts(rows: list[dict], cfg: TaskConfig, uid0: int) -> tuple[list[Prompt], int]:
+    prompts, skipped = [], 0
+    for row in rows:
+        text, answer = row.get(cfg.prompt_key), row.get(cfg.answer_key)
+        if not isinstance(text, str) or answer is None or isinstance(answer, (dict, list)):
+            skipped += 1
+            continue
+        meta = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}
+        prompts.append(Prompt(uid=uid0 + len(prompts), text=text, answer=str(answer), meta=meta))
+    return prompts, skipped
+
+
+def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """Prompts from jsonl/parquet; without ``eval_path`` the eval split is held out of train."""
+    train, skipped = _rows_to_prompts(_read_rows(cfg.train_path), cfg, 0)
+    if cfg.eval_path:
+        evals, more = _rows_to_prompts(_read_rows(cfg.eval_path), cfg, len(train))
+        skipped += more
+    else:
+        order = np.random.default_rng(seed).permutation(len(train))
+        held = min(cfg.eval_size, len(train) // 5)
+        evals = [train[i] for i in order[:held]]
+        train = [train[i] for i in order[held:]]
+    if skipped:
+        log.warning(
+            "skipped %d malformed dataset rows (missing/invalid %r or %r)",
+            skipped,
+            cfg.prompt_key,
+            cfg.answer_key,
+        )
+    if not train or not evals:
+        raise ValueError(f"dataset {cfg.train_path!r} yielded no usable train or eval rows")
+    return TaskSplits(train, evals, cfg.max_new_tokens or 256, skipped)
+
+
+def load_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """The task named by ``task.name``."""
+    return arithmetic_task(cfg, seed) if cfg.name == "arithmetic" else file_task(cfg, seed)

@@ -1,0 +1,61 @@
+"""Start or join Ray, and check before any actor starts that the pools fit."""
+
+from __future__ import annotations
+
+import os
+
+from rlsys.config.schema import ClusterConfig, TrainConfig
+from rlsys.placement import check_fits
+
+
+def _local_gpus(cluster: ClusterConfig) -> int:
+    if cluster.num_gpus is not None:
+        return cluster.num_gpus
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def preflight(cfg: TrainConfig, use_reference: bool) -> None:
+    """For a local Ray, check the pools fit this machine without starting anything."""
+    if cfg.cluster.address is not None:
+        return
+    cpus = cfg.cluster.num_cpus or os.cpu_count() or 1
+    wants_gpus = max(cfg.learner.num_gpus_per_rank, cfg.rollout.num_gpus_per_worker) > 0
+    check_fits(cfg, cpus, _local_gpus(cfg.cluster) if wants_gpus else 0, use_reference)
+
+
+def connect_ray(cfg: TrainConfig, use_reference: bool) -> None:
+    """Start a local Ray (or join ``cluster.address``) and check the pools fit it."""
+    import ray
+
+    if not ray.is_initialized():
+        env = {
+            "TRANSFORMERS_VERBOSITY": "error",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        for key in ("RLSYS_CACHE_DIR", "RLSYS_CONF_DIR"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        kwargs = {
+            "runtime_env": {"env_vars": env},
+            "log_to_driver": True,
+            "include_dashboard": False,
+        }
+        if cfg.cluster.address is None:
+            ray.init(
+                num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
+                num_gpus=cfg.cluster.num_gpus,
+                **kwargs,
+            )
+        else:
+            ray.init(address=cfg.cluster.address, **kwargs)
+    resources = ray.cluster_resources()
+    check_fits(cfg, resources.get("CPU", 0), resources.get("GPU", 0), use_reference)

@@ -1,0 +1,83 @@
+"""Built-in tiny models: a Qwen2-style decoder from a config and an offline char tokenizer.
+
+Nothing here touches a hub: the tokenizer is trained-free (one token per printable ASCII
+character plus special tokens) and the model is randomly initialised, then both are saved
+as an ordinary Hugging Face directory that every other part of rlsys loads by path.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from rlsys.cache import atomic_dir, cache_dir, fingerprint
+from rlsys.config.schema import ModelConfig
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+BUILTIN_PREFIX = "builtin:"
+_ALPHABET = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"] + ["\n"]
+
+
+def build_char_tokenizer():
+    """A character-level fast tokenizer covering printable ASCII (vocab ~100)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *_ALPHABET])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left"
+    )
+
+
+def build_tiny_model(cfg: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, seed: int):
+    """A randomly initialised Qwen2 decoder with the architecture in ``cfg``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def builtin_dir(cfg: ModelConfig, seed: int = 0) -> Path:
+    """Cache directory of the built-in model described by ``cfg`` (built on first use)."""
+    spec = {
+        "name": cfg.path,
+        "arch": [
+            cfg.hidden_size,
+            cfg.num_layers,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.intermediate_size,
+            cfg.max_position_embeddings,
+            cfg.tie_word_embeddings,
+        ],
+        "alphabet": _ALPHABET,
+        "seed": seed,
+    }
+    name = cfg.path[len(BUILTIN_PREFIX) :] or "tiny"
+    target = cache_dir() / "models" / f"{name}-{fingerprint(spec)}"
+    if not (target / "config.json").exists():
+        with atomic_dir(target) as tmp:
+            tokenizer = build_char_tokenizer()
+            model = build_tiny_model(
+                cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
+            )
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    return target

@@ -1,0 +1,41 @@
+"""Load a policy and its tokenizer from a built-in name, a local directory or a hub id."""
+
+from __future__ import annotations
+
+from rlsys.config.schema import ModelConfig
+from rlsys.models.builtin import BUILTIN_PREFIX, builtin_dir
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """A path or hub id that ``from_pretrained`` accepts (builds built-in models once)."""
+    if cfg.path.startswith(BUILTIN_PREFIX):
+        return str(builtin_dir(cfg))
+    return cfg.path
+
+
+def load_tokenizer(path: str):
+    """The tokenizer at ``path``, left-padding, with a pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str, dtype: str = "float32"):
+    """The causal LM at ``path`` in ``dtype``, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _DTYPES[dtype]))
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"model.path={path!r} is neither a local Hugging Face directory nor a reachable "
+            "hub id; pass a directory containing config.json, or builtin:tiny"
+        ) from exc
+    return model.eval()

@@ -1,0 +1,123 @@
+"""Ray resource requests of every pool, derived from the placement config.
+
+Colocated pools time-share the same CPUs/GPUs (engines idle while learners train), so each
+actor asks Ray for its configured share divided by the number of pools sharing; each pool on
+its own must still fit the cluster. Disaggregated pools ask for exactly what they are given,
+and all of them together must fit. No resource number is written anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlsys.config.errors import ConfigError
+from rlsys.config.schema import TrainConfig
+
+
+@dataclass(frozen=True)
+class ActorResources:
+    """What one actor asks Ray for, and the torch threads it then uses."""
+
+    num_cpus: float
+    num_gpus: float
+    threads: int
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pool of identical actors: its size, configured resources and config keys."""
+
+    name: str
+    count: int
+    cpus: float
+    gpus: float
+    count_key: str
+    cpus_key: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Resource requests for every pool of a run."""
+
+    learner: ActorResources
+    rollout: ActorResources
+    reference: ActorResources | None
+
+
+def _pools(cfg: TrainConfig, use_reference: bool) -> list[PoolSpec]:
+    pools = [
+        PoolSpec(
+            "learner",
+            cfg.learner.world_size,
+            cfg.learner.num_cpus_per_rank,
+            cfg.learner.num_gpus_per_rank,
+            "learner.world_size",
+            "learner.num_cpus_per_rank",
+        ),
+        PoolSpec(
+            "rollout",
+            cfg.rollout.num_workers,
+            cfg.rollout.num_cpus_per_worker,
+            cfg.rollout.num_gpus_per_worker,
+            "rollout.num_workers",
+            "rollout.num_cpus_per_worker",
+        ),
+    ]
+    if use_reference:
+        pools.append(
+            PoolSpec(
+                "reference",
+                1,
+                cfg.reference.num_cpus,
+                cfg.reference.num_gpus,
+                "reference (1 actor)",
+                "reference.num_cpus",
+            )
+        )
+    return pools
+
+
+def check_fits(cfg: TrainConfig, total_cpus: float, total_gpus: float, use_reference: bool) -> None:
+    """Fail with the keys to change when the pools cannot fit the cluster."""
+    pools = _pools(cfg, use_reference)
+    for pool in pools:
+        need = pool.count * pool.cpus
+        if need > total_cpus + 1e-9:
+            raise ConfigError(
+                f"{pool.count_key}={pool.count} x {pool.cpus_key}={pool.cpus:g} needs "
+                f"{need:g} CPUs but Ray has {total_cpus:g}; lower {pool.count_key} or "
+                f"{pool.cpus_key} (fractions such as 0.5 are allowed)"
+            )
+        if pool.count * pool.gpus > total_gpus + 1e-9:
+            raise ConfigError(
+                f"the {pool.name} pool needs {pool.count * pool.gpus:g} GPUs but Ray has "
+                f"{total_gpus:g}; lower {pool.count_key} or its GPUs per actor"
+            )
+    if cfg.placement.mode == "disaggregated":
+        need = sum(p.count * p.cpus for p in pools)
+        if need > total_cpus + 1e-9:
+            raise ConfigError(
+                f"placement.mode=disaggregated: the pools need {need:g} CPUs together but Ray "
+                f"has {total_cpus:g}; use placement=colocated or shrink the pools"
+            )
+        need_gpus = sum(p.count * p.gpus for p in pools)
+        if need_gpus > total_gpus + 1e-9:
+            raise ConfigError(
+                f"placement.mode=disaggregated: the pools need {need_gpus:g} GPUs together but "
+                f"Ray has {total_gpus:g}; use placement=colocated or shrink the pools"
+            )
+
+
+def plan_placement(cfg: TrainConfig, use_reference: bool) -> Placement:
+    """Per-actor Ray requests for each pool (call ``check_fits`` first)."""
+    pools = {p.name: p for p in _pools(cfg, use_reference)}
+    share = len(pools) if cfg.placement.mode == "colocated" else 1
+
+    def resources(pool: PoolSpec) -> ActorResources:
+        return ActorResources(pool.cpus / share, pool.gpus / share, max(1, int(pool.cpus)))
+
+    return Placement(
+        learner=resources(pools["learner"]),
+        rollout=resources(pools["rollout"]),
+        reference=resources(pools["reference"]) if use_reference else None,
+    )

@@ -1,0 +1,70 @@
+"""Build every worker pool of a run from its config, and move weights between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+from rlsys.config.schema import TrainConfig
+from rlsys.placement import plan_placement
+from rlsys.types import Completion, SamplingParams
+from rlsys.weight_sync import TRANSPORTS, WeightTransport, WeightUpdate
+from rlsys.workers.learner import LearnerGroup
+from rlsys.workers.reference import ReferenceWorker
+from rlsys.workers.rollout import RolloutPool
+
+
+@dataclass
+class Pools:
+    """The actors of one run."""
+
+    learner: LearnerGroup
+    rollout: RolloutPool
+    reference: ray.actor.ActorHandle | None
+    transport: WeightTransport
+    bucket_bytes: int
+
+    def sync_weights(self, version: int) -> WeightUpdate:
+        """Publish the learner's weights as ``version`` and load them into every engine."""
+        update = self.learner.publish_weights(self.transport, version, self.bucket_bytes)
+        self.rollout.update_weights(self.transport, update)
+        return update
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None
+    ) -> list[list[Completion]]:
+        return self.rollout.generate(prompts, sampling, seed)
+
+    def shutdown(self) -> None:
+        self.rollout.shutdown()
+        self.learner.shutdown()
+        if self.reference is not None:
+            ray.kill(self.reference)
+
+
+def start_pools(cfg: TrainConfig, model_path: str, use_reference: bool) -> Pools:
+    """Start rollout, learner and (optionally) reference actors on ``model_path``."""
+    placement = plan_placement(cfg, use_reference)
+    temperature = cfg.rollout.temperature
+    rollout = RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype)
+    learner = LearnerGroup(cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature)
+    reference = None
+    if use_reference:
+        res = placement.reference
+        reference = ReferenceWorker.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus).remote(
+            model_path,
+            cfg.model.dtype,
+            cfg.learner.micro_batch_size,
+            temperature,
+            res.threads,
+            res.num_gpus,
+        )
+        ray.get(reference.ready.remote())
+    return Pools(
+        learner,
+        rollout,
+        reference,
+        TRANSPORTS.get(cfg.weight_sync.transport)(),
+        int(cfg.weight_sync.bucket_mb * (1 << 20)),
+    )

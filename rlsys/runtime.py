@@ -1,0 +1,41 @@
+"""Process set-up shared by the CLI and every actor: quiet libraries, bounded threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+
+def quiet_libraries() -> None:
+    """Silence progress bars and chatty warnings from transformers and friends."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", message=".*generation flags are not valid.*")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+    logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+
+
+def limit_threads(num_cpus: float) -> int:
+    """Use as many torch threads as CPUs this process was given (at least one)."""
+    import torch
+
+    threads = max(1, int(num_cpus))
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
+
+
+def pick_device(num_gpus: float) -> str:
+    """ "cuda" when this actor was given a GPU and one is visible, else "cpu"."""
+    import torch
+
+    return "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"

@@ -1,0 +1,91 @@
+"""The records that flow through rlsys. Tensor shapes are in comments.
+
+B = sequences in a batch, T = padded sequence length (prompt + response); per-token arrays of
+length T-1 are aligned with the *targets* ``input_ids[:, 1:]``: entry t scores token t+1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Prompt:
+    """One task instance."""
+
+    uid: int
+    text: str
+    answer: str  # ground truth the verifier compares against
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class SamplingParams:
+    """How an engine samples: ``n`` completions per prompt."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    greedy: bool = False
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One generated response, as the engine produced it."""
+
+    token_ids: list[int]  # (R,) generated tokens, including a final EOS if one was produced
+    logprobs: list[float]  # (R,) behaviour log pi(token | prefix) at the sampling temperature
+    finish_reason: str  # "stop" (EOS) | "length"
+    version: int  # policy version of the weights that produced it
+
+
+@dataclass
+class Sample:
+    """A scored completion."""
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    completion: Completion
+    text: str  # decoded completion (special tokens stripped)
+    reward: float = 0.0
+    correct: bool = False  # what the verifier says, independent of reward shaping
+
+
+@dataclass
+class RolloutGroup:
+    """All samples of one prompt (the GRPO group)."""
+
+    prompt: Prompt
+    samples: list[Sample]
+
+    @property
+    def version(self) -> int:
+        """The oldest policy version among the samples."""
+        return min(s.completion.version for s in self.samples)
+
+
+@dataclass
+class TrainBatch:
+    """What the learner trains on. numpy arrays travel zero-copy through Ray."""
+
+    input_ids: np.ndarray  # (B, T) int64, prompt left-padded, response right-padded
+    attention_mask: np.ndarray  # (B, T) int64, 1 on real tokens
+    loss_mask: np.ndarray  # (B, T-1) float32, 1 where the target is a trained response token
+    behaviour_logprobs: np.ndarray  # (B, T-1) float32, log pi_behaviour from the engine
+    advantages: np.ndarray | None = None  # (B, T-1) float32
+    old_logprobs: np.ndarray | None = None  # (B, T-1) float32, learner before this update
+    ref_logprobs: np.ndarray | None = None  # (B, T-1) float32, frozen reference policy
+    rewards: np.ndarray | None = None  # (B,) float32
+    versions: np.ndarray | None = None  # (B,) int64, policy version per sample
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, rows: np.ndarray) -> TrainBatch:
+        """The sub-batch of ``rows`` (every array field sliced the same way)."""
+        fields = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in vars(self).items()}
+        return TrainBatch(**fields)

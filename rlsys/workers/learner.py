@@ -1,0 +1,182 @@
+"""Learner ranks (Ray actors) and the driver-side group that fans calls out to them."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import ray
+
+from rlsys.config.schema import LearnerConfig
+from rlsys.placement import ActorResources
+from rlsys.types import TrainBatch
+from rlsys.weight_sync.base import WeightTransport, WeightUpdate
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+@ray.remote
+class LearnerWorker:
+    """One data-parallel rank: a process-group member holding a training backend."""
+
+    def __init__(self, rank: int, world_size: int, threads: int, num_gpus: float) -> None:
+        from rlsys.runtime import limit_threads, pick_device, quiet_libraries
+
+        quiet_libraries()
+        limit_threads(threads)
+        self.rank, self.world_size = rank, world_size
+        self.device_type = pick_device(num_gpus)
+        self.backend = None
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 hosts the process-group rendezvous."""
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def setup(
+        self,
+        addr: str,
+        port: int,
+        model_path: str,
+        dtype: str,
+        cfg: LearnerConfig,
+        temperature: float,
+    ) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from rlsys.backends.fsdp import FSDP2Backend
+
+        device = torch.device(self.device_type)
+        if device.type == "cuda":
+            torch.cuda.set_device(0)  # Ray exposes this actor's GPU as device 0
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{addr}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        self.backend = FSDP2Backend(
+            model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device
+        )
+
+    def forward_logprobs(self, batch: TrainBatch):
+        return self.backend.forward_logprobs(batch)
+
+    def greedy_tokens(self, batch: TrainBatch):
+        return self.backend.greedy_tokens(batch)
+
+    def train_step(
+        self, batch: TrainBatch, objective, num_mini_batches: int, epochs: int, seed: int
+    ) -> dict[str, float]:
+        return self.backend.train_step(batch, objective, num_mini_batches, epochs, seed)
+
+    def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
+        self.backend.set_lr(lr, decay_steps)
+
+    def publish_weights(
+        self, transport: WeightTransport, version: int, bucket_bytes: int
+    ) -> WeightUpdate | None:
+        """Gather full tensors bucket by bucket; rank 0 sends them through ``transport``."""
+        buckets = self.backend.iter_weight_buckets(bucket_bytes)
+        if self.rank == 0:
+            return transport.send(buckets, version)
+        for _ in buckets:  # take part in the gathers
+            pass
+        return None
+
+    def save_hf(self, path: str) -> None:
+        self.backend.save_hf(path)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class LearnerGroup:
+    """``world_size`` learner ranks driven as one: every call goes to every rank."""
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        resources: ActorResources,
+        model_path: str,
+        dtype: str,
+        temperature: float,
+    ) -> None:
+        self.cfg = cfg
+        self.workers = [
+            LearnerWorker.options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus).remote(
+                rank, cfg.world_size, resources.threads, resources.num_gpus
+            )
+            for rank in range(cfg.world_size)
+        ]
+        addr, port = ray.get(self.workers[0].address.remote())
+        ray.get(
+            [w.setup.remote(addr, port, model_path, dtype, cfg, temperature) for w in self.workers]
+        )
+
+    def _gather_rows(self, method: str, batch: TrainBatch, dtype) -> np.ndarray:
+        ref = ray.put(batch)
+        parts = ray.get([getattr(w, method).remote(ref) for w in self.workers])
+        out = np.zeros(batch.loss_mask.shape, dtype=dtype)
+        for rows, values in parts:
+            out[rows] = values
+        return out
+
+    def forward_logprobs(self, batch: TrainBatch) -> np.ndarray:
+        """(B, T-1) log-probabilities of ``batch`` under the current policy."""
+        return self._gather_rows("forward_logprobs", batch, np.float32)
+
+    def greedy_tokens(self, batch: TrainBatch) -> np.ndarray:
+        """(B, T-1) argmax next tokens under the current policy."""
+        return self._gather_rows("greedy_tokens", batch, np.int64)
+
+    def train_step(
+        self,
+        batch: TrainBatch,
+        objective,
+        seed: int,
+        num_mini_batches: int | None = None,
+        epochs: int | None = None,
+    ):
+        """One PPO-style update on ``batch``; returns metrics averaged over ranks.
+
+        Mini-batches and epochs default to ``learner.num_mini_batches`` / ``ppo_epochs``.
+        """
+        ref = ray.put(batch)
+        mini = num_mini_batches or self.cfg.num_mini_batches
+        metrics = ray.get(
+            [
+                w.train_step.remote(ref, objective, mini, epochs or self.cfg.ppo_epochs, seed)
+                for w in self.workers
+            ]
+        )
+        return metrics[0]
+
+    def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
+        """Peak learning rate, and the optimizer steps a cosine schedule decays over."""
+        ray.get([w.set_lr.remote(lr, decay_steps) for w in self.workers])
+
+    def publish_weights(
+        self, transport: WeightTransport, version: int, bucket_bytes: int
+    ) -> WeightUpdate:
+        """The current weights as a versioned update for the engines."""
+        updates = ray.get(
+            [w.publish_weights.remote(transport, version, bucket_bytes) for w in self.workers]
+        )
+        return updates[0]
+
+    def save_hf(self, path: str) -> None:
+        """Write the policy as a Hugging Face directory."""
+        ray.get([w.save_hf.remote(path) for w in self.workers])
+
+    def shutdown(self) -> None:
+        ray.get([w.shutdown.remote() for w in self.workers])
+        for w in self.workers:
+            ray.kill(w)

@@ -1,0 +1,115 @@
+"""Seconds per stage of one RL step, on real Ray actors.
+
+    python scripts/bench_step.py [--steps 10] [--warmup 2] [--json out.json] [key=value ...]
+
+Runs the controller for warm-up + measured steps and prints, per stage (generation, scoring,
+reference, learner logprobs, train, weight sync), the mean and spread of its seconds, and the
+overhead: step time minus the sum of the stages (Ray calls, batching, bookkeeping). By default
+it starts from the untrained built-in model with group filtering off, so every step trains
+(stage costs do not depend on accuracy). ``--json PATH`` writes the figures as a list of records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+STAGES = ["generation", "scoring", "reference", "learner_logprobs", "train", "weight_sync"]
+DEFAULTS = ["warm_start.enabled=false", "algorithm.filter_uniform_groups=false"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--json", dest="json_path")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    from rlsys.config.loader import load_config
+    from rlsys.config.schema import TrackingConfig
+
+    cfg = load_config(DEFAULTS + args.overrides)
+    from rlsys.controller import Controller
+    from rlsys.data.tasks import load_task
+    from rlsys.launch.local import connect_ray
+    from rlsys.models.loading import load_tokenizer, resolve_model_path
+    from rlsys.pools import start_pools
+    from rlsys.runtime import quiet_libraries
+    from rlsys.tracking import Tracker
+
+    quiet_libraries()
+    use_reference = cfg.algorithm.kl_coef > 0
+    connect_ray(cfg, use_reference)
+    path = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(path)
+    task = load_task(cfg.task, cfg.run.seed)
+    pools = start_pools(cfg, path, use_reference)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker = Tracker(Path(tmp), TrackingConfig(console=False), "bench", {})
+        controller = Controller(cfg, pools, tokenizer, task, tracker)
+        records = []
+        try:
+            for step in range(1, args.warmup + args.steps + 1):
+                metrics = controller.step(step)
+                if step > args.warmup:
+                    records.append(metrics)
+        finally:
+            tracker.close()
+            pools.shutdown()
+
+    def column(key: str) -> list[float]:
+        return [r.get(key, 0.0) for r in records]
+
+    step_mean = statistics.mean(column("perf/step_s"))
+    rows = []
+    for stage in STAGES + ["overhead", "step"]:
+        key = {"overhead": "perf/overhead_s", "step": "perf/step_s"}.get(stage, f"time/{stage}")
+        values = column(key)
+        mean = statistics.mean(values)
+        rows.append(
+            {
+                "stage": stage,
+                "seconds_mean": mean,
+                "seconds_std": statistics.pstdev(values),
+                "share_of_step": mean / step_mean,
+                "steps": len(values),
+                "learner_world_size": cfg.learner.world_size,
+                "rollout_workers": cfg.rollout.num_workers,
+                "samples_per_step": cfg.data.batch_size * cfg.rollout.n_samples,
+                "cpus": os.cpu_count(),
+            }
+        )
+    print(
+        f"\nstep benchmark: {len(records)} steps after {args.warmup} warm-up, "
+        f"{cfg.data.batch_size}x{cfg.rollout.n_samples} samples/step, "
+        f"learner.world_size={cfg.learner.world_size}, "
+        f"rollout.num_workers={cfg.rollout.num_workers}, {os.cpu_count()} CPUs"
+    )
+    print(f"{'stage':<18}{'mean s':>10}{'std s':>10}{'share':>9}")
+    for row in rows:
+        print(
+            f"{row['stage']:<18}{row['seconds_mean']:>10.4f}{row['seconds_std']:>10.4f}"
+            f"{row['share_of_step']:>8.1%}"
+        )
+    samples = cfg.data.batch_size * cfg.rollout.n_samples
+    print(
+        f"samples/s {samples / step_mean:.0f}, tokens/s "
+        f"{statistics.mean(column('perf/tokens_per_s')):.0f}"
+    )
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny built-in model, a local Ray on CPU, and the GPU marker's skip."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> str:
+    """The default built-in tiny model (built once into the rlsys cache)."""
+    from rlsys.config.schema import ModelConfig
+    from rlsys.models.loading import resolve_model_path
+
+    return resolve_model_path(ModelConfig())
+
+
+@pytest.fixture(scope="session")
+def ray_cpu():
+    """A local Ray with 2 CPUs for the whole session."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"TRANSFORMERS_VERBOSITY": "error"}},
+        )
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,148 @@
+"""The ``rlsys`` command as a user runs it: fast config errors, topologies, outputs, bench."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = [
+    "warm_start.enabled=false",
+    "trainer.total_steps=2",
+    "trainer.eval_every=0",
+    "eval.num_prompts=16",
+    "data.batch_size=8",
+    "rollout.n_samples=4",
+    "algorithm.filter_uniform_groups=false",
+]
+
+
+def _rlsys(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlsys.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("learner.world_sizee=2", "learner.world_size"),
+        ("data.batch_size=-1", "data.batch_size"),
+        ("learner.world_size=64", "learner.world_size=64"),
+    ],
+)
+def test_bad_override_fails_fast_naming_the_key(override, needle):
+    started = time.perf_counter()
+    result = _rlsys("train", override, timeout=30)
+    assert result.returncode != 0
+    assert time.perf_counter() - started < 5
+    assert needle in result.stderr and "config error" in result.stderr
+
+
+def test_cfg_job_prints_the_resolved_config():
+    result = _rlsys("train", "--cfg", "job", "learner.world_size=1", timeout=30)
+    assert result.returncode == 0
+    assert "world_size: 1" in result.stdout and "max_staleness: 0" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [
+        ["learner.world_size=1"],
+        ["learner.world_size=2", "rollout.num_workers=2", "rollout.num_cpus_per_worker=1"],
+    ],
+    ids=["ws1", "ws2-rw2"],
+)
+def test_train_runs_on_each_topology_and_leaves_its_outputs(tmp_path, topology):
+    result = _rlsys("train", *SHORT, *topology, f"run.output_dir={tmp_path}", "run.name=r")
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last == f"summary: {tmp_path / 'r' / 'summary.json'}"
+    run = tmp_path / "r"
+    summary = json.loads((run / "summary.json").read_text())
+    for key in (
+        "steps",
+        "wall_s",
+        "samples",
+        "samples_per_s",
+        "tokens_per_s",
+        "eval_accuracy_before",
+        "eval_accuracy_after",
+        "run_dir",
+    ):
+        assert key in summary, key
+    assert summary["steps"] == 2 and summary["samples"] == 2 * 8 * 4
+    assert "world_size: " + topology[0].split("=")[1] in (run / "config.yaml").read_text()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3  # eval at step 0, then two steps
+    assert (run / "checkpoints" / "final" / "config.json").exists()
+    evaluated = _rlsys(
+        "eval", f"model.path={run / 'checkpoints' / 'final'}", "eval.num_prompts=16", timeout=120
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert json.loads(evaluated.stdout)["num_prompts"] == 16
+
+
+def test_bench_step_prints_its_table_and_json(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_step.py",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+            "data.batch_size=8",
+            "rollout.n_samples=4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "overhead" in result.stdout and "weight_sync" in result.stdout
+    records = json.loads(out.read_text())
+    stages = {r["stage"]: r for r in records}
+    assert {
+        "generation",
+        "scoring",
+        "learner_logprobs",
+        "train",
+        "weight_sync",
+        "overhead",
+        "step",
+    } <= stages.keys()
+    parts = sum(r["seconds_mean"] for s, r in stages.items() if s != "step")
+    assert parts == pytest.approx(stages["step"]["seconds_mean"], rel=1e-6)
+
+
+def test_sft_command_trains_and_exports_a_model(tmp_path):
+    result = _rlsys(
+        "sft",
+        "sft.max_steps=4",
+        "sft.eval_every=2",
+        "sft.eval_prompts=16",
+        "sft.target_accuracy=null",
+        "learner.world_size=1",
+        f"run.output_dir={tmp_path}",
+        "run.name=s",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["steps"] == 4
+    assert (tmp_path / "s" / "checkpoints" / "final" / "model.safetensors").exists()
+    evals = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [2, 4] and "sft/loss" in evals[0]

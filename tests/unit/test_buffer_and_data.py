@@ -1,0 +1,137 @@
+"""Buffer staleness/filtering, the arithmetic task, file datasets, collation and sampling."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlsys.backends.data_parallel import forward_plan, train_plan
+from rlsys.buffer import StreamingBuffer, has_reward_variance
+from rlsys.config.schema import TaskConfig
+from rlsys.data.collate import pack, position_ids
+from rlsys.data.sampler import PromptSampler
+from rlsys.data.tasks import arithmetic_problem, load_task
+from rlsys.types import Completion, Prompt, RolloutGroup, Sample
+
+
+def _group(rewards, version=0):
+    prompt = Prompt(0, "1+1=", "200")
+    samples = [
+        Sample(prompt, [1], Completion([2], [-0.1], "stop", version), "x", r) for r in rewards
+    ]
+    return RolloutGroup(prompt, samples)
+
+
+def test_buffer_refuses_stale_groups_and_counts_them():
+    buffer = StreamingBuffer(max_staleness=0)
+    assert buffer.put(_group([0, 1], version=3), policy_version=3)
+    assert not buffer.put(_group([0, 1], version=2), policy_version=3)
+    assert buffer.stats.dropped_stale == 2 and buffer.stats.admitted == 2
+    # a group that goes stale while waiting is dropped at release
+    assert buffer.take(10, policy_version=4) == []
+    assert buffer.stats.dropped_stale == 4
+
+
+def test_buffer_filter_hook_and_fifo_order():
+    buffer = StreamingBuffer(max_staleness=1, group_filter=has_reward_variance)
+    a, b = _group([0, 1]), _group([1, 0.5])
+    assert not buffer.put(_group([1, 1]), 0)
+    buffer.put(a, 0)
+    buffer.put(b, 1)
+    assert buffer.stats.dropped_filtered == 2
+    assert buffer.take(1, 1) == [a]
+    assert buffer.take(5, 1) == [b]
+    assert len(buffer) == 0
+
+
+def test_arithmetic_answers_are_padded_and_reversed():
+    assert arithmetic_problem(46, "+", 78, 2, reverse=True) == ("46+78=", "421")
+    assert arithmetic_problem(3, "+", 4, 2, reverse=False) == ("3+4=", "007")
+    assert arithmetic_problem(3, "-", 40, 2, reverse=False) == ("40-3=", "37")
+    assert arithmetic_problem(12, "*", 12, 2, reverse=True) == ("12*12=", "4410")
+    assert arithmetic_problem(5, "+", 29, 2, reverse=True, pad_operands=True) == ("05+29=", "430")
+
+
+def test_arithmetic_task_is_deterministic_with_disjoint_splits():
+    cfg = TaskConfig(train_size=2000, eval_size=300)
+    a, b = load_task(cfg, seed=7), load_task(cfg, seed=7)
+    assert [p.text for p in a.train] == [p.text for p in b.train]
+    assert len(a.train) == 2000 and len(a.eval) == 300
+    assert not {p.text for p in a.train} & {p.text for p in a.eval}
+    assert a.max_new_tokens == 4  # 3 answer digits + EOS
+    with pytest.raises(ValueError, match="task.train_size"):
+        load_task(TaskConfig(digits=1, train_size=1000, eval_size=10), seed=0)
+
+
+def test_file_task_reads_jsonl_and_parquet_and_skips_bad_rows(tmp_path):
+    rows = [{"q": f"{i}+1=", "a": str(i + 1), "level": i % 3} for i in range(50)]
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"q": 5}\nnot json\n')
+    cfg = TaskConfig(
+        name="file", train_path=str(jsonl), prompt_key="q", answer_key="a", eval_size=10
+    )
+    task = load_task(cfg, seed=0)
+    assert task.skipped_rows == 2
+    assert len(task.train) + len(task.eval) == 50
+    assert task.train[0].meta["level"] in (0, 1, 2)
+    parquet = tmp_path / "eval.parquet"
+    pq.write_table(pa.Table.from_pylist(rows[:7]), parquet)
+    cfg2 = TaskConfig(
+        name="file", train_path=str(jsonl), eval_path=str(parquet), prompt_key="q", answer_key="a"
+    )
+    assert [p.answer for p in load_task(cfg2, seed=0).eval] == [r["a"] for r in rows[:7]]
+
+
+def test_pack_aligns_loss_mask_and_logprobs_with_targets():
+    batch = pack(
+        [[5, 6, 7], [8]],
+        [[1, 2], [3, 4, 9]],
+        pad_id=0,
+        response_logprobs=[[-0.1, -0.2], [-0.3, -0.4, -0.5]],
+    )
+    # width = 3 + 3; row 1 prompt left-padded by 2
+    assert batch.input_ids.tolist() == [[5, 6, 7, 1, 2, 0], [0, 0, 8, 3, 4, 9]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    targets = batch.input_ids[:, 1:]
+    assert targets[batch.loss_mask > 0].tolist() == [1, 2, 3, 4, 9]
+    assert batch.behaviour_logprobs[batch.loss_mask > 0].tolist() == pytest.approx(
+        [-0.1, -0.2, -0.3, -0.4, -0.5]
+    )
+    assert position_ids(batch.attention_mask).tolist()[1] == [0, 0, 0, 1, 2, 3]
+
+
+def test_sampler_covers_every_prompt_each_epoch_and_restores_state():
+    prompts = [Prompt(i, str(i), str(i)) for i in range(10)]
+    sampler = PromptSampler(prompts, batch_size=4, shuffle=True, seed=1)
+    seen = [p.uid for _ in range(5) for p in sampler.next_batch()]
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))
+    state = sampler.state_dict()
+    nxt = [p.uid for p in sampler.next_batch()]
+    other = PromptSampler(prompts, batch_size=4, shuffle=True, seed=1)
+    other.load_state_dict(state)
+    assert [p.uid for p in other.next_batch()] == nxt
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_data_parallel_plans_cover_rows_once_with_aligned_micro_batch_counts(world_size):
+    mask = np.ones((13, 4), dtype=np.float32)
+    mask[:, 2:] = 0
+    plans = [
+        train_plan(mask, world_size, r, num_mini_batches=2, micro=3, seed=0)
+        for r in range(world_size)
+    ]
+    rows = np.concatenate([mb for p in plans for plan in p for mb in plan.micro_batches])
+    assert sorted(rows.tolist()) == list(range(13))
+    for m in range(2):
+        counts = {len(p[m].micro_batches) for p in plans}
+        assert len(counts) == 1  # same number of micro-batches on every rank
+        assert {p[m].global_tokens for p in plans} == {
+            float(mask[np.concatenate([mb for pr in plans for mb in pr[m].micro_batches])].sum())
+        }
+    fwd = [forward_plan(5, world_size, r, micro=2) for r in range(world_size)]
+    assert sorted(np.concatenate([m for f in fwd for m in f]).tolist()) == list(range(5))
+    assert len({len(f) for f in fwd}) == 1

@@ -1,0 +1,98 @@
+"""Config composition and validation: every preset composes; bad input names its key."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlsys.config import ConfigError
+from rlsys.config.loader import conf_dir, load_config, to_yaml
+from rlsys.config.schema import TrainConfig
+from rlsys.placement import check_fits, plan_placement
+
+
+def _presets() -> list[str]:
+    root = conf_dir()
+    return sorted(
+        f"{group.name}={path.stem}"
+        for group in root.iterdir()
+        if group.is_dir()
+        for path in group.glob("*.yaml")
+    )
+
+
+def test_presets_exist():
+    assert {"algorithm=grpo", "model=tiny", "task=arithmetic", "placement=colocated"} <= set(
+        _presets()
+    )
+
+
+@pytest.mark.parametrize("override", _presets())
+def test_every_preset_composes_and_validates(override):
+    cfg = load_config([override])
+    assert isinstance(cfg, TrainConfig)
+    group, name = override.split("=")
+    if group == "placement":
+        assert cfg.placement.mode == name
+
+
+def test_defaults_match_the_dataclasses():
+    assert load_config([]) == TrainConfig()
+
+
+def test_override_changes_value_and_roundtrips_to_yaml():
+    cfg = load_config(["learner.world_size=1", "rollout.n_samples=4", "task.operators=[+,-]"])
+    assert cfg.learner.world_size == 1 and cfg.rollout.n_samples == 4
+    assert cfg.task.operators == ["+", "-"]
+    assert "world_size: 1" in to_yaml(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("learner.world_sizee=2", "did you mean 'learner.world_size'"),
+        ("nonsense=1", "unknown config key 'nonsense'"),
+        ("data.batch_size=-1", "data.batch_size"),
+        ("rollout.top_p=abc", "rollout.top_p"),
+        ("rollout.top_p=1.5", "rollout.top_p"),
+        ("learner.world_size=0", "learner.world_size"),
+        ("model.hidden_size=64", "head_dim"),
+        ("task.operators=[/]", "task.operators"),
+        ("eval.num_prompts=100000", "eval.num_prompts"),
+        ("buffer.max_staleness=2", "buffer.max_staleness"),
+        ("algorithm.kl_estimator=k9", "algorithm.kl_estimator"),
+        ("algorithm=nope", "algorithm/nope"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as info:
+        load_config([override])
+    assert needle in str(info.value)
+
+
+def test_batch_must_feed_every_rank_and_mini_batch():
+    with pytest.raises(ConfigError, match="learner.num_mini_batches"):
+        load_config(["data.batch_size=1", "rollout.n_samples=2", "learner.num_mini_batches=2"])
+
+
+def test_pools_must_fit_the_cluster():
+    cfg = load_config(["learner.world_size=4"])
+    with pytest.raises(ConfigError, match="learner.world_size=4"):
+        check_fits(cfg, total_cpus=2, total_gpus=0, use_reference=False)
+    check_fits(load_config(["learner.world_size=4", "learner.num_cpus_per_rank=0.5"]), 2, 0, False)
+    disagg = load_config(["placement=disaggregated"])
+    with pytest.raises(ConfigError, match="placement.mode=disaggregated"):
+        check_fits(disagg, total_cpus=2, total_gpus=0, use_reference=False)
+
+
+def test_colocated_pools_split_their_share_of_the_cpus():
+    cfg = load_config([])
+    placement = plan_placement(cfg, use_reference=True)
+    total = (
+        cfg.learner.world_size * placement.learner.num_cpus
+        + cfg.rollout.num_workers * placement.rollout.num_cpus
+        + placement.reference.num_cpus
+    )
+    assert total <= 2.0
+    assert placement.learner.threads == 1 and placement.rollout.threads == 2
+    disagg = plan_placement(load_config(["placement=disaggregated"]), use_reference=False)
+    assert disagg.rollout.num_cpus == cfg.rollout.num_cpus_per_worker
