@@ -39,7 +39,7 @@ def _sft_to(
     from rlsys.pools import start_pools
     from rlsys.sft import run_sft
 
-    pools = start_pools(cfg, model_path, use_reference=False)
+    pools = start_pools(cfg, model_path, use_reference=False, temperature=1.0)
     try:
         result = run_sft(
             cfg.sft,
@@ -56,8 +56,11 @@ def _sft_to(
     return dataclasses.asdict(result)
 
 
-def warm_start(cfg: TrainConfig, base_path: str, tokenizer, task: TaskSplits) -> tuple[str, dict]:
-    """The warm-started model directory (SFT once, then cached by its inputs)."""
+def warm_start(
+    cfg: TrainConfig, base_path: str, tokenizer, task: TaskSplits, run_dir: Path
+) -> tuple[str, dict]:
+    """The warm-started model directory: SFT once, cached by its inputs; with
+    ``warm_start.cache=false`` a fresh SFT whose model stays in the run directory."""
     key = fingerprint(
         {
             "base": base_path,
@@ -73,7 +76,9 @@ def warm_start(cfg: TrainConfig, base_path: str, tokenizer, task: TaskSplits) ->
         }
     )
     target = cache_dir() / "warm_start" / key
-    if cfg.warm_start.cache and (target / "config.json").exists():
+    if not cfg.warm_start.cache:
+        target = run_dir / "checkpoints" / "warm_start"
+    elif (target / "config.json").exists():
         log.info("warm start: using cached %s", target)
         return str(target), {"cached": True, "path": str(target)}
     log.info(
@@ -108,7 +113,7 @@ def train(cfg: TrainConfig) -> Path:
     task = load_task(cfg.task, cfg.run.seed)
     policy_path, warm = base, None
     if cfg.warm_start.enabled:
-        policy_path, warm = warm_start(cfg, base, tokenizer, task)
+        policy_path, warm = warm_start(cfg, base, tokenizer, task, run_dir)
     pools = start_pools(cfg, policy_path, use_reference)
     tracker = Tracker(run_dir, cfg.tracking, run_dir.name, _plain(cfg), cfg.trainer.total_steps)
     try:

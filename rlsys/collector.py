@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ import numpy as np
 from rlsys.rewards import RewardFn, score
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
+log = logging.getLogger(__name__)
 GenerateFn = Callable[[list[list[int]], SamplingParams, int | None], list[list[Completion]]]
 
 
@@ -75,7 +77,14 @@ class RolloutCollector:
             metadata = {**group.prompt.meta, "answer": group.prompt.answer}
             for sample in group.samples:
                 outcome = score(self.reward_fn, group.prompt.text, sample.text, metadata)
-                self.reward_errors += outcome.error is not None
+                if outcome.error is not None:
+                    if not self.reward_errors:
+                        log.warning(
+                            "reward function failed (scored 0, counted in "
+                            "rollout/reward_errors; later failures are not logged): %s",
+                            outcome.error,
+                        )
+                    self.reward_errors += 1
                 sample.reward, sample.correct = outcome.reward, outcome.correct
 
     def collect(

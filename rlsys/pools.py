@@ -37,16 +37,28 @@ class Pools:
         return self.rollout.generate(prompts, sampling, seed)
 
     def shutdown(self) -> None:
-        self.rollout.shutdown()
-        self.learner.shutdown()
-        if self.reference is not None:
-            ray.kill(self.reference)
+        """Stop every actor; a failure in one pool does not leave the others running."""
+        try:
+            self.rollout.shutdown()
+        finally:
+            try:
+                self.learner.shutdown()
+            finally:
+                if self.reference is not None:
+                    ray.kill(self.reference)
 
 
-def start_pools(cfg: TrainConfig, model_path: str, use_reference: bool) -> Pools:
-    """Start rollout, learner and (optionally) reference actors on ``model_path``."""
+def start_pools(
+    cfg: TrainConfig, model_path: str, use_reference: bool, temperature: float | None = None
+) -> Pools:
+    """Start rollout, learner and (optionally) reference actors on ``model_path``.
+
+    Learner and reference log-probabilities use ``temperature`` (default: the rollout's
+    sampling temperature, so they score what the engines sampled; SFT passes 1.0).
+    """
     placement = plan_placement(cfg, use_reference)
-    temperature = cfg.rollout.temperature
+    if temperature is None:
+        temperature = cfg.rollout.temperature
     rollout = RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype)
     learner = LearnerGroup(cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature)
     reference = None

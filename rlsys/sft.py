@@ -64,8 +64,17 @@ def run_sft(
             accuracy = collector.evaluate(eval_prompts, task.max_new_tokens).accuracy
             metrics["eval/accuracy"] = accuracy
             done = done or (cfg.target_accuracy is not None and accuracy >= cfg.target_accuracy)
-        if tracker is not None and "eval/accuracy" in metrics:
-            tracker.log(step, metrics)
+        if "eval/accuracy" in metrics:
+            if tracker is not None:
+                tracker.log(step, metrics)
+            elif done or step % (5 * cfg.eval_every) == 0:  # warm start: console progress
+                log.info(
+                    "sft step %d/%d: loss %.4f, eval accuracy %.3f",
+                    step,
+                    cfg.max_steps,
+                    metrics["sft/loss"],
+                    accuracy,
+                )
         if done:
             break
     return SFTResult(steps=step, eval_accuracy=accuracy, wall_s=time.perf_counter() - started)

@@ -44,7 +44,7 @@ def train_plan(
     """Shuffle rows, cut them into mini-batches, and give each rank its share of each."""
     order = np.random.default_rng(seed).permutation(loss_mask.shape[0])
     plans = []
-    for mini in np.array_split(order, num_mini_batches):
+    for mini in np.array_split(order, max(1, min(num_mini_batches, len(order)))):
         rank_rows = np.array_split(np.sort(mini), world_size)
         plans.append(
             MiniBatchPlan(

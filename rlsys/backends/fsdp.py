@@ -70,6 +70,7 @@ class FSDP2Backend:
         self.optimizer_steps = 0
         self.decay_steps: int | None = None  # set by set_lr; None: no decay (constant)
         self.schedule_start = 0
+        self.last_lr = 0.0  # learning rate of the latest optimizer step
         model = load_model(model_path, dtype).to(device)
         mesh = init_device_mesh(device.type, (self.world_size,))
         for layer in _decoder_layers(model):
@@ -169,6 +170,8 @@ class FSDP2Backend:
                 seed + epoch,
             )
             for plan in plans:
+                if plan.global_tokens == 0:  # same on every rank, so collectives stay aligned
+                    continue
                 self.optimizer.zero_grad(set_to_none=True)
                 for rows in plan.micro_batches:
                     t = self._tensors(batch, rows)
@@ -193,8 +196,9 @@ class FSDP2Backend:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         norm = float(_full(norm))
         if np.isfinite(norm):
+            self.last_lr = self._current_lr()
             for group in self.optimizer.param_groups:
-                group["lr"] = self._current_lr()
+                group["lr"] = self.last_lr
             self.optimizer.step()
             self.optimizer_steps += 1
         else:
@@ -209,8 +213,8 @@ class FSDP2Backend:
         out = {name: float(packed[i]) / total for i, name in enumerate(names)}
         if "clipped" in out:
             out["clip_frac"] = out.pop("clipped")
-        out["grad_norm"] = float(np.mean(grad_norms))
-        out["lr"] = self._current_lr()
+        out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+        out["lr"] = self.last_lr
         out["trained_tokens"] = float(packed[-1])
         return out
 

@@ -68,7 +68,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
-        for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        for key in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             _positive(f"model.{key}", getattr(self, key))
         if self.hidden_size % self.num_heads:
             raise ConfigError(
@@ -183,6 +190,11 @@ class OptimConfig:
             raise ConfigError(f"learner.optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         _non_negative("learner.optim.weight_decay", self.weight_decay)
         _non_negative("learner.optim.grad_clip", self.grad_clip)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(
+                f"learner.optim.betas={list(self.betas)} must be two numbers in [0, 1), "
+                "e.g. [0.9, 0.99]"
+            )
 
 
 @dataclass
@@ -243,6 +255,7 @@ class ReferenceConfig:
 
     def __post_init__(self) -> None:
         _positive("reference.num_cpus", self.num_cpus)
+        _non_negative("reference.num_gpus", self.num_gpus)
 
 
 @dataclass
@@ -303,6 +316,8 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _positive("eval.num_prompts", self.num_prompts)
+        if self.max_new_tokens is not None:
+            _positive("eval.max_new_tokens", self.max_new_tokens)
 
 
 @dataclass
@@ -382,6 +397,11 @@ class TrainConfig:
             raise ConfigError(
                 f"sft.eval_prompts={self.sft.eval_prompts} exceeds task.eval_size="
                 f"{self.task.eval_size}; lower sft.eval_prompts"
+            )
+        if self.algorithm.advantage == "grpo" and self.rollout.n_samples < 2:
+            raise ConfigError(
+                f"rollout.n_samples={self.rollout.n_samples}: group-relative advantages need at "
+                "least 2 samples per prompt; set rollout.n_samples=2 or more"
             )
         samples = self.data.batch_size * self.rollout.n_samples
         needed = self.learner.world_size * self.learner.num_mini_batches

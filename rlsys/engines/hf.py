@@ -23,7 +23,6 @@ class HFEngine:
         eos = config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.version = 0
-        self._params = self.model.state_dict()
 
     @torch.no_grad()
     def generate(
@@ -87,11 +86,12 @@ class HFEngine:
     def update_weights(self, buckets: Iterable[Bucket], version: int) -> int:
         """Copy full tensors into the model, bucket by bucket; returns tensors loaded."""
         loaded = 0
+        params = self.model.state_dict()  # looked up now: sleep/wake move the storage
         for bucket in buckets:
             for name, tensor in bucket.items():
-                if name not in self._params:
+                if name not in params:
                     raise KeyError(f"weight {name!r} from the learner has no match in the engine")
-                self._params[name].copy_(tensor)
+                params[name].copy_(tensor)
                 loaded += 1
         self.version = version
         return loaded

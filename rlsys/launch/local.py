@@ -27,7 +27,14 @@ def preflight(cfg: TrainConfig, use_reference: bool) -> None:
     if cfg.cluster.address is not None:
         return
     cpus = cfg.cluster.num_cpus or os.cpu_count() or 1
-    wants_gpus = max(cfg.learner.num_gpus_per_rank, cfg.rollout.num_gpus_per_worker) > 0
+    wants_gpus = (
+        max(
+            cfg.learner.num_gpus_per_rank,
+            cfg.rollout.num_gpus_per_worker,
+            cfg.reference.num_gpus if use_reference else 0.0,
+        )
+        > 0
+    )
     check_fits(cfg, cpus, _local_gpus(cfg.cluster) if wants_gpus else 0, use_reference)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import numpy as np
@@ -176,7 +177,10 @@ class LearnerGroup:
         """Write the policy as a Hugging Face directory."""
         ray.get([w.save_hf.remote(path) for w in self.workers])
 
-    def shutdown(self) -> None:
-        ray.get([w.shutdown.remote() for w in self.workers])
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Leave the process group if ranks answer in time, then kill every rank regardless
+        (a rank stuck in a collective after another failed must not hang the run's exit)."""
+        with contextlib.suppress(Exception):  # cleanup must reach the kills below
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=timeout_s)
         for w in self.workers:
             ray.kill(w)

@@ -146,3 +146,26 @@ def test_sft_command_trains_and_exports_a_model(tmp_path):
     assert (tmp_path / "s" / "checkpoints" / "final" / "model.safetensors").exists()
     evals = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [2, 4] and "sft/loss" in evals[0]
+
+
+def test_uncached_warm_start_trains_fresh_and_keeps_its_model_in_the_run(tmp_path):
+    overrides = [o for o in SHORT if not o.startswith("warm_start")]
+    result = _rlsys(
+        "train",
+        *overrides,
+        "warm_start.cache=false",
+        "sft.max_steps=2",
+        "sft.eval_every=1",
+        "sft.eval_prompts=8",
+        "sft.target_accuracy=null",
+        "learner.world_size=1",
+        f"run.output_dir={tmp_path}",
+        "run.name=w",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "w" / "summary.json").read_text())
+    warm = summary["warm_start"]
+    assert warm["cached"] is False and warm["steps"] == 2
+    assert warm["path"] == str(tmp_path / "w" / "checkpoints" / "warm_start")
+    assert (tmp_path / "w" / "checkpoints" / "warm_start" / "config.json").exists()
+    assert summary["model_path"] == warm["path"]

@@ -135,3 +135,9 @@ def test_data_parallel_plans_cover_rows_once_with_aligned_micro_batch_counts(wor
     fwd = [forward_plan(5, world_size, r, micro=2) for r in range(world_size)]
     assert sorted(np.concatenate([m for f in fwd for m in f]).tolist()) == list(range(5))
     assert len({len(f) for f in fwd}) == 1
+
+
+def test_train_plan_never_makes_more_mini_batches_than_rows():
+    mask = np.ones((3, 2), dtype=np.float32)
+    plans = train_plan(mask, world_size=2, rank=0, num_mini_batches=8, micro=4, seed=0)
+    assert len(plans) == 3 and all(p.global_tokens > 0 for p in plans)

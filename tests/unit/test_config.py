@@ -61,6 +61,10 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("buffer.max_staleness=2", "buffer.max_staleness"),
         ("algorithm.kl_estimator=k9", "algorithm.kl_estimator"),
         ("algorithm=nope", "algorithm/nope"),
+        ("rollout.n_samples=1", "rollout.n_samples"),
+        ("learner.optim.betas=[0.9,1.0]", "learner.optim.betas"),
+        ("eval.max_new_tokens=-3", "eval.max_new_tokens"),
+        ("learner.optim.schedule=linear", "learner.optim.schedule"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):
