@@ -56,11 +56,8 @@ def _sft_to(
     return dataclasses.asdict(result)
 
 
-def warm_start(
-    cfg: TrainConfig, base_path: str, tokenizer, task: TaskSplits, run_dir: Path
-) -> tuple[str, dict]:
-    """The warm-started model directory: SFT once, cached by its inputs; with
-    ``warm_start.cache=false`` a fresh SFT whose model stays in the run directory."""
+def _warm_start_cache_dir(cfg: TrainConfig, base_path: str) -> Path:
+    """Where the warm start with these inputs is cached (everything SFT's result depends on)."""
     key = fingerprint(
         {
             "base": base_path,
@@ -75,12 +72,21 @@ def warm_start(
             "seed": cfg.run.seed,
         }
     )
-    target = cache_dir() / "warm_start" / key
+    return cache_dir() / "warm_start" / key
+
+
+def warm_start(
+    cfg: TrainConfig, base_path: str, tokenizer, task: TaskSplits, run_dir: Path
+) -> tuple[str, dict]:
+    """The warm-started model directory: SFT once, cached by its inputs; with
+    ``warm_start.cache=false`` a fresh SFT whose model stays in the run directory."""
     if not cfg.warm_start.cache:
         target = run_dir / "checkpoints" / "warm_start"
-    elif (target / "config.json").exists():
-        log.info("warm start: using cached %s", target)
-        return str(target), {"cached": True, "path": str(target)}
+    else:
+        target = _warm_start_cache_dir(cfg, base_path)
+        if (target / "config.json").exists():
+            log.info("warm start: using cached %s", target)
+            return str(target), {"cached": True, "path": str(target)}
     log.info(
         "warm start: SFT until held-out greedy accuracy >= %s (at most %d steps)",
         cfg.sft.target_accuracy,

@@ -77,6 +77,11 @@ def _pools(cfg: TrainConfig, use_reference: bool) -> list[PoolSpec]:
     return pools
 
 
+def wants_gpus(cfg: TrainConfig, use_reference: bool) -> bool:
+    """Whether any pool of the run asks for GPUs."""
+    return any(pool.gpus > 0 for pool in _pools(cfg, use_reference))
+
+
 def check_fits(cfg: TrainConfig, total_cpus: float, total_gpus: float, use_reference: bool) -> None:
     """Fail with the keys to change when the pools cannot fit the cluster."""
     pools = _pools(cfg, use_reference)

@@ -38,14 +38,17 @@ class Pools:
 
     def shutdown(self) -> None:
         """Stop every actor; a failure in one pool does not leave the others running."""
-        try:
-            self.rollout.shutdown()
-        finally:
+        stops = [self.rollout.shutdown, self.learner.shutdown]
+        if self.reference is not None:
+            stops.append(lambda: ray.kill(self.reference))
+        errors = []
+        for stop in stops:
             try:
-                self.learner.shutdown()
-            finally:
-                if self.reference is not None:
-                    ray.kill(self.reference)
+                stop()
+            except Exception as exc:  # noqa: BLE001 - stop the rest, then report
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
 def start_pools(

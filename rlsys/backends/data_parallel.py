@@ -41,15 +41,17 @@ def train_plan(
     micro: int,
     seed: int,
 ) -> list[MiniBatchPlan]:
-    """Shuffle rows, cut them into mini-batches, and give each rank its share of each."""
+    """Shuffle rows, cut them into mini-batches, and give each rank its share of each.
+
+    Mini-batches without a loss token (more mini-batches than rows) are left out, so the
+    backend never takes an optimizer step on nothing.
+    """
     order = np.random.default_rng(seed).permutation(loss_mask.shape[0])
     plans = []
-    for mini in np.array_split(order, max(1, min(num_mini_batches, len(order)))):
+    for mini in np.array_split(order, num_mini_batches):
+        tokens = float(loss_mask[mini].sum())
+        if tokens == 0:  # nothing to learn: no optimizer step (the same on every rank)
+            continue
         rank_rows = np.array_split(np.sort(mini), world_size)
-        plans.append(
-            MiniBatchPlan(
-                micro_batches=_equal_micro_batches(rank_rows, rank, micro),
-                global_tokens=float(loss_mask[mini].sum()),
-            )
-        )
+        plans.append(MiniBatchPlan(_equal_micro_batches(rank_rows, rank, micro), tokens))
     return plans

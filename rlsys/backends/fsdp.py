@@ -170,8 +170,6 @@ class FSDP2Backend:
                 seed + epoch,
             )
             for plan in plans:
-                if plan.global_tokens == 0:  # same on every rank, so collectives stay aligned
-                    continue
                 self.optimizer.zero_grad(set_to_none=True)
                 for rows in plan.micro_batches:
                     t = self._tensors(batch, rows)

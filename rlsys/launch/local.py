@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from rlsys.config.schema import ClusterConfig, TrainConfig
-from rlsys.placement import check_fits
+from rlsys.placement import check_fits, wants_gpus
 
 
 def _local_gpus(cluster: ClusterConfig) -> int:
@@ -27,15 +27,8 @@ def preflight(cfg: TrainConfig, use_reference: bool) -> None:
     if cfg.cluster.address is not None:
         return
     cpus = cfg.cluster.num_cpus or os.cpu_count() or 1
-    wants_gpus = (
-        max(
-            cfg.learner.num_gpus_per_rank,
-            cfg.rollout.num_gpus_per_worker,
-            cfg.reference.num_gpus if use_reference else 0.0,
-        )
-        > 0
-    )
-    check_fits(cfg, cpus, _local_gpus(cfg.cluster) if wants_gpus else 0, use_reference)
+    gpus = _local_gpus(cfg.cluster) if wants_gpus(cfg, use_reference) else 0
+    check_fits(cfg, cpus, gpus, use_reference)
 
 
 def connect_ray(cfg: TrainConfig, use_reference: bool) -> None:
