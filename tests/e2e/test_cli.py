@@ -32,6 +32,14 @@ def _rlsys(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
+def _run_ok(command: str, tmp_path: Path, name: str, *overrides: str):
+    """Run ``rlsys <command>`` into ``tmp_path/name``; return its run dir, summary and result."""
+    result = _rlsys(command, *overrides, f"run.output_dir={tmp_path}", f"run.name={name}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / name
+    return run, json.loads((run / "summary.json").read_text()), result
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
@@ -63,12 +71,9 @@ def test_cfg_job_prints_the_resolved_config():
     ids=["ws1", "ws2-rw2"],
 )
 def test_train_runs_on_each_topology_and_leaves_its_outputs(tmp_path, topology):
-    result = _rlsys("train", *SHORT, *topology, f"run.output_dir={tmp_path}", "run.name=r")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run, summary, result = _run_ok("train", tmp_path, "r", *SHORT, *topology)
     last = result.stdout.strip().splitlines()[-1]
-    assert last == f"summary: {tmp_path / 'r' / 'summary.json'}"
-    run = tmp_path / "r"
-    summary = json.loads((run / "summary.json").read_text())
+    assert last == f"summary: {run / 'summary.json'}"
     for key in (
         "steps",
         "wall_s",
@@ -130,28 +135,28 @@ def test_bench_step_prints_its_table_and_json(tmp_path):
 
 
 def test_sft_command_trains_and_exports_a_model(tmp_path):
-    result = _rlsys(
+    run, summary, _ = _run_ok(
         "sft",
+        tmp_path,
+        "s",
         "sft.max_steps=4",
         "sft.eval_every=2",
         "sft.eval_prompts=16",
         "sft.target_accuracy=null",
         "learner.world_size=1",
-        f"run.output_dir={tmp_path}",
-        "run.name=s",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["steps"] == 4
-    assert (tmp_path / "s" / "checkpoints" / "final" / "model.safetensors").exists()
-    evals = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert (run / "checkpoints" / "final" / "model.safetensors").exists()
+    evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [2, 4] and "sft/loss" in evals[0]
 
 
 def test_uncached_warm_start_trains_fresh_and_keeps_its_model_in_the_run(tmp_path):
     overrides = [o for o in SHORT if not o.startswith("warm_start")]
-    result = _rlsys(
+    run, summary, _ = _run_ok(
         "train",
+        tmp_path,
+        "w",
         *overrides,
         "warm_start.cache=false",
         "sft.max_steps=2",
@@ -159,13 +164,9 @@ def test_uncached_warm_start_trains_fresh_and_keeps_its_model_in_the_run(tmp_pat
         "sft.eval_prompts=8",
         "sft.target_accuracy=null",
         "learner.world_size=1",
-        f"run.output_dir={tmp_path}",
-        "run.name=w",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "w" / "summary.json").read_text())
     warm = summary["warm_start"]
     assert warm["cached"] is False and warm["steps"] == 2
-    assert warm["path"] == str(tmp_path / "w" / "checkpoints" / "warm_start")
-    assert (tmp_path / "w" / "checkpoints" / "warm_start" / "config.json").exists()
+    assert warm["path"] == str(run / "checkpoints" / "warm_start")
+    assert (run / "checkpoints" / "warm_start" / "config.json").exists()
     assert summary["model_path"] == warm["path"]
