@@ -33,7 +33,7 @@ class RunConfig:
 
     name: str | None = None  # run directory name; default: a timestamp
     output_dir: str = "outputs"  # parent of run directories
-    seed: int = 0
+    seed: int = 0  # seeds data order, sampling and model init
 
 
 @dataclass
@@ -58,12 +58,12 @@ class ModelConfig:
     path: str = "builtin:tiny"  # "builtin:<name>", a local directory, or a hub id
     dtype: str = "float32"  # parameter dtype on the learner and engines
     # Built-in models only: the architecture (Qwen2-style decoder, random init).
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    max_position_embeddings: int = 256
+    hidden_size: int = 128  # width of the residual stream
+    num_layers: int = 2  # decoder layers
+    num_heads: int = 4  # attention heads (head_dim = hidden_size / num_heads >= 32)
+    num_kv_heads: int = 2  # key/value heads (grouped-query attention)
+    intermediate_size: int = 512  # MLP width
+    max_position_embeddings: int = 256  # longest prompt + response in tokens
     tie_word_embeddings: bool = False  # Qwen2 default; tied embeddings slow a tiny model down
 
     def __post_init__(self) -> None:
@@ -103,16 +103,16 @@ class TaskConfig:
     reward: str = "exact_match"  # reward function from the rewards registry
     # Arithmetic difficulty knobs.
     digits: int = 2  # operands have 1..digits digits
-    operators: list[str] = field(default_factory=lambda: ["+"])
+    operators: list[str] = field(default_factory=lambda: ["+"])  # any of + - *
     reverse_answer: bool = True  # write the zero-padded answer least-significant digit first
     pad_operands: bool = False  # true: "05+29=" (one prompt shape for every problem)
-    train_size: int = 9500
-    eval_size: int = 500
+    train_size: int = 9500  # distinct training problems
+    eval_size: int = 500  # held-out problems (file tasks: held out of train_path if no eval_path)
     # File datasets (task.name=file).
-    train_path: str | None = None
-    eval_path: str | None = None
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
+    train_path: str | None = None  # .jsonl or .parquet
+    eval_path: str | None = None  # null: hold out eval_size rows of train_path
+    prompt_key: str = "prompt"  # column holding the prompt text
+    answer_key: str = "answer"  # column holding the ground truth
     max_prompt_tokens: int = 64  # longer prompts are skipped and counted
     max_new_tokens: int | None = None  # null: the task's own bound (arithmetic: answer + EOS)
 
@@ -139,7 +139,7 @@ class DataConfig:
     """How prompts are drawn for training."""
 
     batch_size: int = 32  # prompts per step (each gets rollout.n_samples completions)
-    shuffle: bool = True
+    shuffle: bool = True  # reshuffle the train split every epoch
 
     def __post_init__(self) -> None:
         _positive("data.batch_size", self.batch_size)
@@ -150,12 +150,12 @@ class RolloutConfig:
     """The rollout pool: generation engines in Ray actors."""
 
     engine: str = "hf"  # "hf" (transformers generate); "vllm" arrives with the vLLM engine
-    num_workers: int = 1
+    num_workers: int = 1  # rollout worker actors
     num_cpus_per_worker: float = 2.0  # also the torch thread count of each worker
-    num_gpus_per_worker: float = 0.0
+    num_gpus_per_worker: float = 0.0  # GPUs per rollout worker (0: CPU)
     n_samples: int = 8  # completions per prompt (the GRPO group size)
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature; learner logprobs use the same
+    top_p: float = 1.0  # nucleus sampling mass (1: full distribution)
     micro_batch_size: int = 512  # sequences per generate() call
 
     def __post_init__(self) -> None:
@@ -178,7 +178,8 @@ class OptimConfig:
     warmup_steps: int = 10  # optimizer steps of linear learning-rate warm-up
     schedule: str = "cosine"  # after warm-up: "cosine" decay over the run, or "constant"
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    # AdamW (beta1, beta2), each in [0, 1)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
@@ -201,14 +202,14 @@ class OptimConfig:
 class LearnerConfig:
     """The learner group: `world_size` Ray actors running one training backend."""
 
-    backend: str = "fsdp2"
-    world_size: int = 2
+    backend: str = "fsdp2"  # training backend (fsdp2)
+    world_size: int = 2  # learner ranks (data parallel, FSDP-sharded)
     num_cpus_per_rank: float = 1.0  # also the torch thread count of each rank
-    num_gpus_per_rank: float = 0.0
+    num_gpus_per_rank: float = 0.0  # GPUs per learner rank (0: CPU, gloo)
     num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
     ppo_epochs: int = 2  # passes over the batch
     micro_batch_size: int = 128  # sequences per forward/backward on one rank
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)  # see OptimConfig
 
     def __post_init__(self) -> None:
         _one_of("learner.backend", self.backend, ("fsdp2",))
@@ -224,7 +225,7 @@ class LearnerConfig:
 class AlgorithmConfig:
     """Advantage estimator, policy loss and regularisers."""
 
-    name: str = "grpo"
+    name: str = "grpo"  # label for logs and presets
     advantage: str = "grpo"  # advantage estimator from rlsys.algorithms
     normalize_std: bool = True  # GRPO: divide by the group's reward std
     clip_eps: float = 0.2  # PPO ratio clip (low side)
@@ -233,7 +234,7 @@ class AlgorithmConfig:
     clip_eps_high: float | None = 0.28
     kl_coef: float = 0.0  # > 0 starts a reference worker and adds a KL loss term
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's low-variance estimator)
-    entropy_coef: float = 0.0
+    entropy_coef: float = 0.0  # > 0 adds an entropy bonus to the loss
     filter_uniform_groups: bool = True  # drop groups whose rewards are all equal (no signal)
 
     def __post_init__(self) -> None:
@@ -250,8 +251,8 @@ class AlgorithmConfig:
 class ReferenceConfig:
     """The frozen reference policy (started only when algorithm.kl_coef > 0)."""
 
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    num_cpus: float = 1.0  # also its torch thread count
+    num_gpus: float = 0.0  # GPUs for the reference actor (0: CPU)
 
     def __post_init__(self) -> None:
         _positive("reference.num_cpus", self.num_cpus)
@@ -276,7 +277,7 @@ class BufferConfig:
 class WeightSyncConfig:
     """How new weights travel from the learner to the rollout engines."""
 
-    transport: str = "object_store"
+    transport: str = "object_store"  # object_store (numpy buckets via Ray)
     bucket_mb: float = 64.0  # a bucket holds at most this many MiB of tensors
 
     def __post_init__(self) -> None:
@@ -298,13 +299,15 @@ class PlacementConfig:
 class TrainerConfig:
     """Length of the run and how often it evaluates."""
 
-    total_steps: int = 400
+    total_steps: int = 400  # RL steps (one batch each)
     eval_every: int = 25  # greedy held-out eval every K steps (0: only before and after)
     max_wall_s: float | None = None  # stop early (with a final eval) after this many seconds
 
     def __post_init__(self) -> None:
         _positive("trainer.total_steps", self.total_steps)
         _non_negative("trainer.eval_every", self.eval_every)
+        if self.max_wall_s is not None:
+            _positive("trainer.max_wall_s", self.max_wall_s)
 
 
 @dataclass
@@ -324,11 +327,11 @@ class EvalConfig:
 class SFTConfig:
     """Supervised fine-tuning (``rlsys sft`` and the warm start of ``rlsys train``)."""
 
-    max_steps: int = 1500
-    batch_size: int = 64
-    lr: float = 1e-3
-    eval_every: int = 10
-    eval_prompts: int = 200
+    max_steps: int = 1500  # upper bound on SFT steps
+    batch_size: int = 64  # (prompt, answer) pairs per step
+    lr: float = 1e-3  # peak AdamW rate of SFT
+    eval_every: int = 10  # greedy eval every K steps (checks target_accuracy)
+    eval_prompts: int = 200  # held-out prompts per SFT eval
     # Stop at the first eval at or above this (null: never). The default warm start stops
     # part-way, so RL has room to show what it adds.
     target_accuracy: float | None = 0.45
@@ -347,7 +350,7 @@ class SFTConfig:
 class WarmStartConfig:
     """Brief SFT before RL, cached so later runs skip it."""
 
-    enabled: bool = True
+    enabled: bool = True  # run SFT before RL
     cache: bool = True  # reuse a cached warm-started model with the same inputs
 
 
@@ -355,11 +358,11 @@ class WarmStartConfig:
 class TrackingConfig:
     """Where metrics go besides metrics.jsonl."""
 
-    console: bool = True
-    wandb: bool = False
-    wandb_project: str = "rlsys"
+    console: bool = True  # one line per step on stderr
+    wandb: bool = False  # log to Weights & Biases
+    wandb_project: str = "rlsys"  # wandb project name
     wandb_mode: str = "offline"  # offline | online
-    tensorboard: bool = False
+    tensorboard: bool = False  # write <run_dir>/tensorboard event files
 
     def __post_init__(self) -> None:
         _one_of("tracking.wandb_mode", self.wandb_mode, ("offline", "online"))
