@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from rlsys.config.errors import ConfigError
 from rlsys.config.schema import ClusterConfig, TrainConfig
 from rlsys.placement import check_fits, wants_gpus
 
@@ -23,7 +24,15 @@ def _local_gpus(cluster: ClusterConfig) -> int:
 
 
 def preflight(cfg: TrainConfig, use_reference: bool) -> None:
-    """For a local Ray, check the pools fit this machine without starting anything."""
+    """Checks that need the registries or the machine, before anything starts: the reward
+    function exists and, for a local Ray, the pools fit this machine."""
+    from rlsys.rewards import REWARDS
+
+    if cfg.task.reward not in REWARDS.names():
+        raise ConfigError(
+            f"task.reward={cfg.task.reward!r} is not a known reward function; "
+            f"use one of {REWARDS.names()}"
+        )
     if cfg.cluster.address is not None:
         return
     cpus = cfg.cluster.num_cpus or os.cpu_count() or 1

@@ -46,6 +46,7 @@ def _run_ok(command: str, tmp_path: Path, name: str, *overrides: str):
         ("learner.world_sizee=2", "learner.world_size"),
         ("data.batch_size=-1", "data.batch_size"),
         ("learner.world_size=64", "learner.world_size=64"),
+        ("task.reward=nope", "task.reward='nope'"),
     ],
 )
 def test_bad_override_fails_fast_naming_the_key(override, needle):

@@ -65,6 +65,7 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("learner.optim.betas=[0.9,1.0]", "learner.optim.betas"),
         ("eval.max_new_tokens=-3", "eval.max_new_tokens"),
         ("learner.optim.schedule=linear", "learner.optim.schedule"),
+        ("trainer.max_wall_s=-5", "trainer.max_wall_s"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):
