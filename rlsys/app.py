@@ -14,7 +14,6 @@ from rlsys.config.schema import TrainConfig
 from rlsys.data.tasks import TaskSplits, load_task
 from rlsys.launch.local import connect_ray, preflight
 from rlsys.models.loading import load_tokenizer, resolve_model_path
-from rlsys.rewards import REWARDS
 from rlsys.run_dir import make_run_dir, write_summary
 from rlsys.tracking import Tracker
 
@@ -22,9 +21,7 @@ log = logging.getLogger("rlsys")
 
 
 def _collector(cfg: TrainConfig, pools, tokenizer) -> RolloutCollector:
-    return RolloutCollector(
-        pools.generate, tokenizer, REWARDS.get(cfg.task.reward), cfg.task.max_prompt_tokens
-    )
+    return RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
 
 
 def _sft_to(
@@ -173,12 +170,11 @@ def evaluate(cfg: TrainConfig) -> dict:
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path)
     task = load_task(cfg.task, cfg.run.seed)
-    engine = ENGINES.get(cfg.rollout.engine)(path, cfg.model.dtype, cfg.rollout.micro_batch_size)
-    collector = RolloutCollector(
-        lambda prompts, sampling, seed: engine.generate(prompts, sampling),
-        tokenizer,
-        REWARDS.get(cfg.task.reward),
-        cfg.task.max_prompt_tokens,
+    engine = ENGINES.get(cfg.rollout.engine)(
+        path, cfg.rollout.dtype or cfg.model.dtype, cfg.rollout
+    )
+    collector = RolloutCollector.for_task(
+        lambda prompts, sampling, seed: engine.generate(prompts, sampling), tokenizer, cfg.task
     )
     result = collector.evaluate(
         task.eval[: cfg.eval.num_prompts], cfg.eval.max_new_tokens or task.max_new_tokens

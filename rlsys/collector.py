@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlsys.rewards import RewardFn, score
+from rlsys.config.errors import ConfigError
+from rlsys.config.schema import TaskConfig
+from rlsys.rewards import REWARDS, RewardFn, score
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -25,24 +27,80 @@ class EvalResult:
     num_prompts: int
 
 
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a prompt's text becomes the model's input (``task.instruction``,
+    ``task.chat_template``, ``task.system_prompt``); the default is the bare text."""
+
+    instruction: str | None = None  # appended to the text after a blank line
+    chat_template: bool = False  # the text is the user turn of the tokenizer's chat template
+    system_prompt: str | None = None  # chat only: the system turn (None: the template's own)
+
+    @classmethod
+    def from_task(cls, cfg: TaskConfig) -> PromptFormat:
+        """The format ``cfg`` asks for."""
+        return cls(cfg.instruction, cfg.chat_template, cfg.system_prompt)
+
+    def check(self, tokenizer) -> None:
+        """Fail, naming the key, if ``tokenizer`` cannot render this format."""
+        if self.chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                "task.chat_template=true but the tokenizer of model.path has no chat template; "
+                "use an instruct/chat model or set task.chat_template=false"
+            )
+
+    def render(self, text: str, tokenizer) -> str:
+        """The full prompt string; with a chat template it ends with the assistant's header."""
+        content = f"{text}\n\n{self.instruction}" if self.instruction else text
+        if not self.chat_template:
+            return content
+        messages = [{"role": "user", "content": content}]
+        if self.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
 class RolloutCollector:
     """Tokenises prompts, generates with ``generate`` and scores every completion."""
 
     def __init__(
-        self, generate: GenerateFn, tokenizer, reward_fn: RewardFn, max_prompt_tokens: int
+        self,
+        generate: GenerateFn,
+        tokenizer,
+        reward_fn: RewardFn,
+        max_prompt_tokens: int,
+        prompt_format: PromptFormat | None = None,
     ) -> None:
         self.generate_fn = generate
         self.tokenizer = tokenizer
         self.reward_fn = reward_fn
         self.max_prompt_tokens = max_prompt_tokens
+        self.prompt_format = prompt_format or PromptFormat()
+        self.prompt_format.check(tokenizer)
         self.reward_errors = 0
         self.skipped_prompts = 0
 
+    @classmethod
+    def for_task(cls, generate: GenerateFn, tokenizer, cfg: TaskConfig) -> RolloutCollector:
+        """A collector with the reward, prompt length bound and prompt format of ``cfg``."""
+        return cls(
+            generate,
+            tokenizer,
+            REWARDS.get(cfg.reward),
+            cfg.max_prompt_tokens,
+            PromptFormat.from_task(cfg),
+        )
+
     def encode(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]]]:
-        """Token ids of each prompt; prompts over ``task.max_prompt_tokens`` are skipped."""
+        """Token ids of each formatted prompt; those over ``task.max_prompt_tokens`` are skipped.
+
+        Special tokens come from the chat template only (``add_special_tokens=False``), so a
+        BOS is never doubled.
+        """
         kept, ids = [], []
         for prompt in prompts:
-            tokens = self.tokenizer.encode(prompt.text, add_special_tokens=False)
+            text = self.prompt_format.render(prompt.text, self.tokenizer)
+            tokens = self.tokenizer.encode(text, add_special_tokens=False)
             if len(tokens) > self.max_prompt_tokens:
                 self.skipped_prompts += 1
                 continue

@@ -32,7 +32,6 @@ from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.pools import Pools
-from rlsys.rewards import REWARDS
 from rlsys.tracking import Tracker
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
 
@@ -73,9 +72,7 @@ class Controller:
         self.sampler = PromptSampler(
             task.train, cfg.data.batch_size, cfg.data.shuffle, cfg.run.seed
         )
-        self.collector = RolloutCollector(
-            pools.generate, tokenizer, REWARDS.get(cfg.task.reward), cfg.task.max_prompt_tokens
-        )
+        self.collector = RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
         self.buffer = StreamingBuffer(
             cfg.buffer.max_staleness,
             has_reward_variance if cfg.algorithm.filter_uniform_groups else None,

@@ -44,6 +44,14 @@ class Placement:
     reference: ActorResources | None
 
 
+def thread_env(threads: int) -> dict:
+    """Runtime env giving an actor's OpenMP ``threads`` from process start. Ray would set
+    OMP_NUM_THREADS to the (possibly fractional, colocated) CPU request; OpenMP reads it once,
+    so every thread of the actor (Ray runs methods on several) must start with the right value.
+    """
+    return {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+
+
 def _pools(cfg: TrainConfig, use_reference: bool) -> list[PoolSpec]:
     pools = [
         PoolSpec(

@@ -7,12 +7,22 @@ from dataclasses import dataclass
 import ray
 
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import plan_placement
+from rlsys.placement import plan_placement, thread_env
 from rlsys.types import Completion, SamplingParams
-from rlsys.weight_sync import TRANSPORTS, WeightTransport, WeightUpdate
+from rlsys.weight_sync import TRANSPORTS, SendResult, WeightTransport, WeightUpdate
 from rlsys.workers.learner import LearnerGroup
 from rlsys.workers.reference import ReferenceWorker
 from rlsys.workers.rollout import RolloutPool
+
+
+def get_all(refs: list[ray.ObjectRef]) -> list:
+    """``ray.get`` that raises the first failure as soon as it happens: in a collective, the
+    other members would otherwise sit in the group until its timeout."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ray.get(ready)
+    return ray.get(refs)
 
 
 @dataclass
@@ -25,11 +35,26 @@ class Pools:
     transport: WeightTransport
     bucket_bytes: int
 
-    def sync_weights(self, version: int) -> WeightUpdate:
-        """Publish the learner's weights as ``version`` and load them into every engine."""
-        update = self.learner.publish_weights(self.transport, version, self.bucket_bytes)
-        self.rollout.update_weights(self.transport, update)
-        return update
+    def sync_weights(self, version: int) -> SendResult:
+        """Send the learner's weights as ``version`` and load them into every engine.
+
+        Sender and receivers run at once: streaming transports hand buckets over as they are
+        gathered; the object store's receivers wait for the sender's published refs."""
+        sends = self.learner.publish_weights(version, self.bucket_bytes)
+        loads = self.rollout.update_weights(WeightUpdate(version, published=sends[0]))
+        return get_all(sends + loads)[0]
+
+    def connect_weight_sync(self) -> None:
+        """Form the sync group: learner rank 0 as sender, every rollout worker a receiver."""
+        world_size = 1 + len(self.rollout.workers)
+        rank0 = self.learner.workers[0]
+        address = ray.get(rank0.sync_address.remote())
+        get_all(
+            [
+                rank0.connect_weight_sync.remote(self.transport, world_size, address),
+                *self.rollout.connect_weight_sync(self.transport, world_size, address),
+            ]
+        )
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None
@@ -67,7 +92,9 @@ def start_pools(
     reference = None
     if use_reference:
         res = placement.reference
-        reference = ReferenceWorker.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus).remote(
+        reference = ReferenceWorker.options(
+            num_cpus=res.num_cpus, num_gpus=res.num_gpus, runtime_env=thread_env(res.threads)
+        ).remote(
             model_path,
             cfg.model.dtype,
             cfg.learner.micro_batch_size,
@@ -76,10 +103,16 @@ def start_pools(
             res.num_gpus,
         )
         ray.get(reference.ready.remote())
-    return Pools(
+    pools = Pools(
         learner,
         rollout,
         reference,
-        TRANSPORTS.get(cfg.weight_sync.transport)(),
+        TRANSPORTS.get(cfg.weight_sync.transport)(cfg.weight_sync),
         int(cfg.weight_sync.bucket_mb * (1 << 20)),
     )
+    try:
+        pools.connect_weight_sync()
+    except Exception:
+        pools.shutdown()
+        raise
+    return pools

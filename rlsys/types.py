@@ -30,7 +30,9 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 16
     greedy: bool = False
-    seed: int | None = None
+    seed: int | None = None  # per-request seeds derive from it (same seed, same samples)
+    stop: list[str] = field(default_factory=list)  # stop strings (the match stays in the output)
+    stop_token_ids: list[int] = field(default_factory=list)  # stop tokens besides EOS
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Completion:
 
     token_ids: list[int]  # (R,) generated tokens, including a final EOS if one was produced
     logprobs: list[float]  # (R,) behaviour log pi(token | prefix) at the sampling temperature
-    finish_reason: str  # "stop" (EOS) | "length"
+    finish_reason: str  # "stop" (EOS, stop token or string) | "length" | "abort"
     version: int  # policy version of the weights that produced it
 
 

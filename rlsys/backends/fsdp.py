@@ -220,7 +220,11 @@ class FSDP2Backend:
     def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
         """Full (unsharded) tensors, gathered one parameter at a time, in buckets of at most
         ``bucket_bytes`` (a single larger tensor gets a bucket of its own). Collective: every
-        rank iterates; only rank 0 yields non-empty buckets. Tied weights are sent once."""
+        rank iterates; only rank 0 yields non-empty buckets. Tied weights are sent once.
+
+        Tensors stay on the learner's device in its parameter dtype and may alias live
+        parameters (one process, no sharding): a consumer copies them before the next
+        optimizer step. Only the bucket being built is held, so gathering costs one bucket."""
         bucket: dict[str, torch.Tensor] = {}
         size = 0
         for name, tensor in self._named_weights():
@@ -231,7 +235,7 @@ class FSDP2Backend:
             if bucket and size + nbytes > bucket_bytes:
                 yield bucket
                 bucket, size = {}, 0
-            bucket[name] = full.detach().to("cpu", copy=True)
+            bucket[name] = full.detach()
             size += nbytes
         if bucket or self.rank != 0:
             yield bucket

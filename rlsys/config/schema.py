@@ -106,6 +106,10 @@ class TaskConfig:
     operators: list[str] = field(default_factory=lambda: ["+"])  # any of + - *
     reverse_answer: bool = True  # write the zero-padded answer least-significant digit first
     pad_operands: bool = False  # true: "05+29=" (one prompt shape for every problem)
+    # How an arithmetic problem reads: "compact" is "a+b=" with the answer written as above
+    # (for built-in models); "question" is "What is a + b?" with a plain decimal answer (for
+    # pretrained chat models, with chat_template and a last_number/boxed reward).
+    style: str = "compact"
     train_size: int = 9500  # distinct training problems
     eval_size: int = 500  # held-out problems (file tasks: held out of train_path if no eval_path)
     # File datasets (task.name=file).
@@ -115,9 +119,28 @@ class TaskConfig:
     answer_key: str = "answer"  # column holding the ground truth
     max_prompt_tokens: int = 64  # longer prompts are skipped and counted
     max_new_tokens: int | None = None  # null: the task's own bound (arithmetic: answer + EOS)
+    # Prompt formatting (any task): what the model sees around each prompt's text.
+    instruction: str | None = None  # appended to every prompt, e.g. how to give the answer
+    chat_template: bool = False  # send the prompt as a user turn of the tokenizer's template
+    system_prompt: str | None = None  # chat only: the system turn (null: the template's own)
 
     def __post_init__(self) -> None:
         _one_of("task.name", self.name, ("arithmetic", "file"))
+        _one_of("task.style", self.style, ("compact", "question"))
+        if self.style != "compact" and self.reverse_answer:
+            raise ConfigError(
+                f"task.reverse_answer=true only applies to task.style=compact, not "
+                f"task.style={self.style}; set task.reverse_answer=false"
+            )
+        for key in ("instruction", "system_prompt"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ConfigError(f"task.{key}={value!r} is blank; give it text or set it to null")
+        if self.system_prompt is not None and not self.chat_template:
+            raise ConfigError(
+                "task.system_prompt needs task.chat_template=true (a system turn only exists "
+                "in a chat template); set task.chat_template=true or task.system_prompt=null"
+            )
         _positive("task.digits", self.digits)
         _positive("task.train_size", self.train_size)
         _positive("task.eval_size", self.eval_size)
@@ -146,20 +169,51 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """vLLM engine settings (``rollout.engine=vllm``); ignored by the HF engine."""
+
+    tensor_parallel_size: int = 1  # GPUs (or CPU processes) one engine shards its model over
+    gpu_memory_utilization: float = 0.5  # GPU: fraction of GPU memory for weights + KV cache
+    cpu_kv_cache_gb: int = 1  # CPU: GiB of KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
+    max_model_len: int | None = None  # longest prompt + response; null: the model's limit
+    max_num_seqs: int = 256  # sequences decoded together in one engine step
+    enforce_eager: bool = True  # GPU: true skips CUDA-graph capture (faster start, slower decode)
+    enable_prefix_caching: bool = True  # share the KV cache of a prompt's n samples
+    warmup: bool = True  # one short generation at start-up, so step 1 is not the slow one
+    cpu_threads_bind: str = "nobind"  # CPU: VLLM_CPU_OMP_THREADS_BIND ("auto" pins cores)
+
+    def __post_init__(self) -> None:
+        _positive("rollout.vllm.tensor_parallel_size", self.tensor_parallel_size)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"rollout.vllm.gpu_memory_utilization={self.gpu_memory_utilization} must be "
+                "in (0, 1]"
+            )
+        _positive("rollout.vllm.cpu_kv_cache_gb", self.cpu_kv_cache_gb)
+        if self.max_model_len is not None:
+            _positive("rollout.vllm.max_model_len", self.max_model_len)
+        _positive("rollout.vllm.max_num_seqs", self.max_num_seqs)
+
+
+@dataclass
 class RolloutConfig:
     """The rollout pool: generation engines in Ray actors."""
 
-    engine: str = "hf"  # "hf" (transformers generate); "vllm" arrives with the vLLM engine
+    engine: str = "hf"  # "hf" (transformers generate) or "vllm" (vLLM; vllm-cpu on CPU)
     num_workers: int = 1  # rollout worker actors
     num_cpus_per_worker: float = 2.0  # also the torch thread count of each worker
     num_gpus_per_worker: float = 0.0  # GPUs per rollout worker (0: CPU)
     n_samples: int = 8  # completions per prompt (the GRPO group size)
     temperature: float = 1.0  # sampling temperature; learner logprobs use the same
     top_p: float = 1.0  # nucleus sampling mass (1: full distribution)
-    micro_batch_size: int = 512  # sequences per generate() call
+    micro_batch_size: int = 512  # HF engine: sequences per generate() call
+    dtype: str | None = None  # engine weights dtype; null: model.dtype (e.g. fp32 learner, bf16)
+    stop: list[str] = field(default_factory=list)  # stop strings (kept in the completion)
+    stop_token_ids: list[int] = field(default_factory=list)  # stop tokens besides EOS
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
-        _one_of("rollout.engine", self.engine, ("hf",))
+        _one_of("rollout.engine", self.engine, ("hf", "vllm"))
         _positive("rollout.num_workers", self.num_workers)
         _positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
         _non_negative("rollout.num_gpus_per_worker", self.num_gpus_per_worker)
@@ -168,6 +222,21 @@ class RolloutConfig:
         _positive("rollout.micro_batch_size", self.micro_batch_size)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
+        if self.dtype is not None:
+            _one_of("rollout.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"rollout.stop={list(self.stop)} must be non-empty strings")
+        tp = self.vllm.tensor_parallel_size
+        if (
+            self.engine == "vllm"
+            and self.num_gpus_per_worker > 0
+            and self.num_gpus_per_worker != tp
+        ):
+            raise ConfigError(
+                f"rollout.num_gpus_per_worker={self.num_gpus_per_worker:g} but "
+                f"rollout.vllm.tensor_parallel_size={tp}: a tensor-parallel engine needs one GPU "
+                "per shard; make them equal"
+            )
 
 
 @dataclass
@@ -277,12 +346,22 @@ class BufferConfig:
 class WeightSyncConfig:
     """How new weights travel from the learner to the rollout engines."""
 
-    transport: str = "object_store"  # object_store (numpy buckets via Ray)
+    # object_store: numpy buckets through Ray's object store (any placement);
+    # collective: a process group from learner rank 0 to every engine (gloo on CPU, NCCL on
+    # GPU), bucketed and pipelined; cuda_ipc: engines on the learner's GPU map its buckets.
+    transport: str = "object_store"
     bucket_mb: float = 64.0  # a bucket holds at most this many MiB of tensors
+    # collective on CPU: "shm" moves bucket bytes through shared memory when every engine is on
+    # the learner's node (gloo only signals), "gloo" sends them over gloo, "auto" picks shm
+    # when it can.
+    cpu_data_plane: str = "auto"
+    timeout_s: float = 600.0  # a sync group member waiting longer than this fails the run
 
     def __post_init__(self) -> None:
-        _one_of("weight_sync.transport", self.transport, ("object_store",))
+        _one_of("weight_sync.transport", self.transport, ("object_store", "collective", "cuda_ipc"))
         _positive("weight_sync.bucket_mb", self.bucket_mb)
+        _one_of("weight_sync.cpu_data_plane", self.cpu_data_plane, ("auto", "shm", "gloo"))
+        _positive("weight_sync.timeout_s", self.timeout_s)
 
 
 @dataclass
@@ -405,6 +484,16 @@ class TrainConfig:
             raise ConfigError(
                 f"rollout.n_samples={self.rollout.n_samples}: group-relative advantages need at "
                 "least 2 samples per prompt; set rollout.n_samples=2 or more"
+            )
+        if self.weight_sync.transport == "cuda_ipc" and not (
+            self.learner.num_gpus_per_rank > 0
+            and self.rollout.num_gpus_per_worker > 0
+            and self.placement.mode == "colocated"
+        ):
+            raise ConfigError(
+                "weight_sync.transport=cuda_ipc shares GPU memory, so it needs "
+                "placement.mode=colocated with learner.num_gpus_per_rank > 0 and "
+                "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
             )
         samples = self.data.batch_size * self.rollout.n_samples
         needed = self.learner.world_size * self.learner.num_mini_batches

@@ -1,9 +1,12 @@
 """Verifiable tasks: prompts with ground truth, split into train and held-out eval.
 
-The arithmetic family is synthetic and deterministic in the seed: ``a<op>b=`` with operands of
-up to ``digits`` digits (zero-padded to one width with ``pad_operands``); the answer is
-zero-padded to a fixed width and, by default, written least-significant digit first
-(reversed), which a small decoder learns far more easily.
+The arithmetic family is synthetic and deterministic in the seed, with operands of up to
+``digits`` digits (zero-padded to one width with ``pad_operands``). In the ``compact`` style
+(for built-in models) a problem reads ``a<op>b=`` and the answer is zero-padded to a fixed
+width and, by default, written least-significant digit first (reversed), which a small decoder
+learns far more easily. In the ``question`` style (for pretrained chat models) it reads
+``What is a <op> b?`` and the answer is the plain decimal value, which the ``last_number``
+reward finds at the end of a worked reply.
 File tasks read jsonl or parquet rows with configurable prompt and answer columns.
 """
 
@@ -20,6 +23,7 @@ from rlsys.config.schema import TaskConfig
 from rlsys.types import Prompt
 
 log = logging.getLogger(__name__)
+QUESTION_MAX_NEW_TOKENS = 64  # question style's default response bound
 
 
 @dataclass
@@ -37,15 +41,24 @@ def _answer_width(op: str, digits: int) -> int:
 
 
 def arithmetic_problem(
-    a: int, op: str, b: int, digits: int, reverse: bool, pad_operands: bool = False
+    a: int,
+    op: str,
+    b: int,
+    digits: int,
+    reverse: bool,
+    pad_operands: bool = False,
+    style: str = "compact",
 ) -> tuple[str, str]:
-    """The prompt text and answer string of one problem."""
+    """The prompt text and answer string of one problem (``style`` as ``task.style``)."""
     if op == "-" and a < b:
         a, b = b, a
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
-    answer = str(value).zfill(_answer_width(op, digits))
     width = digits if pad_operands else 0
-    return f"{a:0{width}d}{op}{b:0{width}d}=", answer[::-1] if reverse else answer
+    left, right = f"{a:0{width}d}", f"{b:0{width}d}"
+    if style == "question":
+        return f"What is {left} {op} {right}?", str(value)
+    answer = str(value).zfill(_answer_width(op, digits))
+    return f"{left}{op}{right}=", answer[::-1] if reverse else answer
 
 
 def arithmetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
@@ -67,15 +80,22 @@ def arithmetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
         a, b = divmod(rest, space)
         op = cfg.operators[op_index]
         text, answer = arithmetic_problem(
-            a, op, b, cfg.digits, cfg.reverse_answer, cfg.pad_operands
+            a, op, b, cfg.digits, cfg.reverse_answer, cfg.pad_operands, cfg.style
         )
         prompts.append(Prompt(uid=uid, text=text, answer=answer))
-    width = max(_answer_width(op, cfg.digits) for op in cfg.operators)
     return TaskSplits(
         train=prompts[cfg.eval_size :],
         eval=prompts[: cfg.eval_size],
-        max_new_tokens=cfg.max_new_tokens or width + 1,
+        max_new_tokens=cfg.max_new_tokens or _default_max_new_tokens(cfg),
     )
+
+
+def _default_max_new_tokens(cfg: TaskConfig) -> int:
+    """Compact: the answer's digits + EOS. Question: room for a short worked reply (a chat
+    model writes "23 + 45 = 68" or a sentence or two; see conf/task/arithmetic_chat.yaml)."""
+    if cfg.style == "question":
+        return QUESTION_MAX_NEW_TOKENS
+    return max(_answer_width(op, cfg.digits) for op in cfg.operators) + 1
 
 
 def _read_rows(path: str) -> list[dict]:

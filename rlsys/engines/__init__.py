@@ -1,4 +1,8 @@
-"""Rollout engines (learner code never imports these)."""
+"""Rollout engines (learner code never imports these).
+
+Every engine is built as ``ENGINES.get(name)(model_path, dtype, rollout_cfg, device)`` and offers
+``generate``, ``update_weights``, ``sleep``, ``wake``, ``abort`` and a ``version`` attribute.
+"""
 
 from rlsys.registry import Registry
 
@@ -10,3 +14,10 @@ def _hf(*args, **kwargs):
     from rlsys.engines.hf import HFEngine
 
     return HFEngine(*args, **kwargs)
+
+
+@ENGINES.register("vllm")
+def _vllm(*args, **kwargs):
+    from rlsys.engines.vllm import VLLMEngine
+
+    return VLLMEngine(*args, **kwargs)

@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 import torch
+from transformers import StoppingCriteria
 
-from rlsys.models.loading import load_model
+from rlsys.config.schema import RolloutConfig
+from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import Bucket
+
+
+class _AbortCriteria(StoppingCriteria):
+    """Ends every sequence of a ``generate`` call once ``event`` is set."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
 
 
 class HFEngine:
     """Generates with a plain Hugging Face model held in this process."""
 
-    def __init__(self, model_path: str, dtype: str, micro_batch_size: int, device: str = "cpu"):
+    def __init__(self, model_path: str, dtype: str, cfg: RolloutConfig, device: str = "cpu"):
         self.device = torch.device(device)
         self.model = load_model(model_path, dtype).to(self.device)
-        self.micro = micro_batch_size
+        self.model_path = model_path
+        self.micro = cfg.micro_batch_size
+        self._aborting = threading.Event()
+        self._tokenizer = None  # loaded on first use of stop strings
         config = self.model.config
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         eos = config.eos_token_id
@@ -29,11 +45,15 @@ class HFEngine:
         self, prompts: list[list[int]], sampling: SamplingParams
     ) -> list[list[Completion]]:
         """``sampling.n`` completions for each prompt (token ids -> token ids + logprobs)."""
+        self._aborting.clear()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         flat = [p for p in prompts for _ in range(sampling.n)]
         results: list[Completion] = []
         for start in range(0, len(flat), self.micro):
+            if self._aborting.is_set():  # later micro-batches never start
+                results.extend(Completion([], [], "abort", self.version) for _ in flat[start:])
+                break
             results.extend(self._generate_batch(flat[start : start + self.micro], sampling))
         return [results[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
@@ -54,33 +74,62 @@ class HFEngine:
                 "top_k": 0,
             }
         )
+        stop_ids = sorted(self.eos_ids | set(sampling.stop_token_ids))
+        if sampling.stop:
+            if self._tokenizer is None:
+                self._tokenizer = load_tokenizer(self.model_path)
+            sample_kwargs.update(stop_strings=list(sampling.stop), tokenizer=self._tokenizer)
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,
-            eos_token_id=sorted(self.eos_ids),
+            eos_token_id=stop_ids,
             output_logits=True,
             return_dict_in_generate=True,
+            stopping_criteria=[_AbortCriteria(self._aborting)],
             **sample_kwargs,
         )
         new_tokens = out.sequences[:, width:].cpu()
         temperature = 1.0 if sampling.greedy else sampling.temperature
         logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # (B, R, V)
         logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        aborted = self._aborting.is_set()
+        stop_set = set(stop_ids)
+        texts = self._stop_string_ends(new_tokens, sampling.stop)
         completions = []
-        for row, row_logprobs in zip(new_tokens.tolist(), logprobs.tolist(), strict=True):
-            end = next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), None)
+        for i, (row, row_logprobs) in enumerate(
+            zip(new_tokens.tolist(), logprobs.tolist(), strict=True)
+        ):
+            end = next((j + 1 for j, t in enumerate(row) if t in stop_set), None)
+            if texts[i] is not None and (end is None or texts[i] < end):
+                end = texts[i]
+            if end is not None:
+                reason = "stop"
+            elif aborted and len(row) < sampling.max_new_tokens:
+                reason = "abort"
+            else:
+                reason = "length"
             length = end if end is not None else len(row)
             completions.append(
-                Completion(
-                    token_ids=row[:length],
-                    logprobs=row_logprobs[:length],
-                    finish_reason="stop" if end is not None else "length",
-                    version=self.version,
-                )
+                Completion(row[:length], row_logprobs[:length], reason, self.version)
             )
         return completions
+
+    def _stop_string_ends(self, new_tokens: torch.Tensor, stop: list[str]) -> list[int | None]:
+        """Per row, the token count up to and including the first stop-string match."""
+        if not stop:
+            return [None] * len(new_tokens)
+        ends: list[int | None] = []
+        for row in new_tokens.tolist():
+            text, end = "", None
+            for j, token in enumerate(row):
+                text += self._tokenizer.decode([token])
+                if any(s in text for s in stop):
+                    end = j + 1
+                    break
+            ends.append(end)
+        return ends
 
     @torch.no_grad()
     def update_weights(self, buckets: Iterable[Bucket], version: int) -> int:
@@ -108,4 +157,6 @@ class HFEngine:
             self.model.to(self.device)
 
     def abort(self) -> None:
-        """Generation here is one blocking call; nothing is in flight to abort."""
+        """Stop the running ``generate`` (safe from another thread); it returns what each
+        sequence produced so far, unfinished ones with ``finish_reason="abort"``."""
+        self._aborting.set()

@@ -1,17 +1,22 @@
-"""Load a policy and its tokenizer from a built-in name, a local directory or a hub id."""
+"""Load a policy and its tokenizer from a built-in name, a GGUF model, a local directory or a
+hub id."""
 
 from __future__ import annotations
 
 from rlsys.config.schema import ModelConfig
 from rlsys.models.builtin import BUILTIN_PREFIX, builtin_dir
+from rlsys.models.gguf import GGUF_PREFIX, gguf_dir
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def resolve_model_path(cfg: ModelConfig) -> str:
-    """A path or hub id that ``from_pretrained`` accepts (builds built-in models once)."""
+    """A path or hub id that ``from_pretrained`` accepts (builds built-in models and converts
+    GGUF models once, into the cache)."""
     if cfg.path.startswith(BUILTIN_PREFIX):
         return str(builtin_dir(cfg))
+    if cfg.path.startswith(GGUF_PREFIX):
+        return str(gguf_dir(cfg.path))
     return cfg.path
 
 
@@ -36,6 +41,7 @@ def load_model(path: str, dtype: str = "float32"):
     except OSError as exc:
         raise FileNotFoundError(
             f"model.path={path!r} is neither a local Hugging Face directory nor a reachable "
-            "hub id; pass a directory containing config.json, or builtin:tiny"
+            "hub id; pass a directory containing config.json, builtin:tiny or "
+            "gguf:smollm2-135m-instruct"
         ) from exc
     return model.eval()

@@ -1,9 +1,18 @@
-"""The weight-transport seam: learner rank 0 sends buckets, engines receive them."""
+"""The weight-transport seam: learner rank 0 sends buckets, engines receive them.
+
+A sync is one call on each side, running concurrently: ``send(buckets, version)`` on learner
+rank 0 and ``receive(update)`` on every engine. Transports that stream (collective, cuda_ipc)
+hand each bucket over while the next one is being gathered; the object store publishes every
+bucket first and engines read them once ``update.published`` (the send's result) resolves.
+Before the first sync every member calls ``connect``: rank 0 is learner rank 0, ranks 1.. are the
+engines.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -12,21 +21,96 @@ Bucket = dict[str, torch.Tensor]  # parameter name -> full (unsharded) tensor
 
 
 @dataclass
-class WeightUpdate:
-    """What the controller hands to every engine: a versioned, transport-specific handle."""
+class SendResult:
+    """What learner rank 0 reports after sending one version."""
 
-    version: int  # policy version these weights are
-    buckets: list[Any]  # transport-specific bucket handles, in order
+    version: int
+    num_buckets: int = 0
     num_tensors: int = 0
     num_bytes: int = 0
-    meta: dict = field(default_factory=dict)
+    handle: Any = None  # transport-specific, for receivers (object store: the bucket refs)
+
+
+@dataclass
+class WeightUpdate:
+    """What every engine is handed for one sync."""
+
+    version: int  # policy version these weights are
+    published: Any = None  # a Ray ref to the sender's SendResult (nested, so not auto-resolved)
+
+
+@dataclass(frozen=True)
+class SyncAddress:
+    """Where rank 0 of the sync group hosts its rendezvous."""
+
+    host: str
+    port: int
 
 
 class WeightTransport(Protocol):
     """Moves full-tensor buckets from learner rank 0 to rollout engines."""
 
-    def send(self, buckets: Iterable[Bucket], version: int) -> WeightUpdate:
-        """Publish buckets (on learner rank 0); returns the handle engines receive from."""
+    def connect(self, rank: int, world_size: int, address: SyncAddress, device: str) -> None:
+        """Join the sync group (collective: every member, at once)."""
+
+    def send(self, buckets: Iterable[Bucket], version: int) -> SendResult:
+        """Send every bucket (on learner rank 0)."""
 
     def receive(self, update: WeightUpdate) -> Iterator[Bucket]:
-        """Yield the buckets of ``update`` one at a time (on an engine)."""
+        """Yield the buckets of ``update`` one at a time (on an engine); a yielded bucket is only
+        valid until the next one is requested, so consumers copy out of it."""
+
+    def close(self) -> None:
+        """Leave the group and free buffers."""
+
+
+# ---- flat buffers: one bucket as contiguous bytes plus a small description ------------------
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    """Where one tensor of a bucket lives in its flat byte buffer."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int  # bytes; aligned to ``ALIGN``
+
+
+ALIGN = 64  # byte alignment of every tensor inside a flat buffer
+
+
+def bucket_bytes(bucket: Bucket) -> int:
+    """Bytes the tensors of ``bucket`` hold."""
+    return sum(t.numel() * t.element_size() for t in bucket.values())
+
+
+def layout(bucket: Bucket) -> tuple[list[TensorSlice], int]:
+    """Offsets of each tensor of ``bucket`` in a flat buffer, and the buffer's size."""
+    slices, offset = [], 0
+    for name, tensor in bucket.items():
+        slices.append(
+            TensorSlice(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset)
+        )
+        offset += math.ceil(tensor.numel() * tensor.element_size() / ALIGN) * ALIGN
+    return slices, offset
+
+
+def pack(bucket: Bucket, slices: list[TensorSlice], buffer: torch.Tensor) -> None:
+    """Copy ``bucket`` into the uint8 ``buffer`` at the offsets in ``slices``."""
+    for item in slices:
+        dest = unpack_one(item, buffer)
+        dest.copy_(bucket[item.name].detach().reshape(item.shape))
+
+
+def unpack_one(item: TensorSlice, buffer: torch.Tensor) -> torch.Tensor:
+    """The tensor ``item`` as a view into the uint8 ``buffer`` (no copy)."""
+    dtype = getattr(torch, item.dtype)
+    count = math.prod(item.shape)
+    nbytes = count * torch.tensor([], dtype=dtype).element_size()
+    return buffer[item.offset : item.offset + nbytes].view(dtype).view(item.shape)
+
+
+def unpack(slices: list[TensorSlice], buffer: torch.Tensor) -> Bucket:
+    """Every tensor of a packed bucket, as views into ``buffer``."""
+    return {item.name: unpack_one(item, buffer) for item in slices}

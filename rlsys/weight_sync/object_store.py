@@ -13,7 +13,8 @@ import numpy as np
 import ray
 import torch
 
-from rlsys.weight_sync.base import Bucket, WeightUpdate
+from rlsys.config.schema import WeightSyncConfig
+from rlsys.weight_sync.base import Bucket, SendResult, SyncAddress, WeightUpdate, bucket_bytes
 
 _BITCAST = {torch.bfloat16: torch.int16}
 
@@ -41,18 +42,33 @@ def decode(payload: dict[str, tuple[np.ndarray, str]]) -> Bucket:
 
 
 class ObjectStoreTransport:
-    """``send`` puts each bucket in the object store; ``receive`` gets them one by one."""
+    """``send`` puts each bucket in the object store; ``receive`` gets them one by one.
 
-    def send(self, buckets: Iterable[Bucket], version: int) -> WeightUpdate:
-        refs, tensors, nbytes = [], 0, 0
+    Works across nodes with no group to set up. The store holds the whole model until every
+    engine has read it (unlike the streaming transports, which hold about two buckets).
+    """
+
+    def __init__(self, cfg: WeightSyncConfig | None = None) -> None:
+        self.cfg = cfg
+
+    def connect(self, rank: int, world_size: int, address: SyncAddress, device: str) -> None:
+        """Nothing to join: Ray's object store is the medium."""
+
+    def send(self, buckets: Iterable[Bucket], version: int) -> SendResult:
+        result = SendResult(version, handle=[])
         for bucket in buckets:
             if not bucket:
                 continue
-            refs.append(ray.put(encode(bucket)))
-            tensors += len(bucket)
-            nbytes += sum(t.numel() * t.element_size() for t in bucket.values())
-        return WeightUpdate(version=version, buckets=refs, num_tensors=tensors, num_bytes=nbytes)
+            result.handle.append(ray.put(encode({k: t.cpu() for k, t in bucket.items()})))
+            result.num_buckets += 1
+            result.num_tensors += len(bucket)
+            result.num_bytes += bucket_bytes(bucket)
+        return result
 
     def receive(self, update: WeightUpdate) -> Iterator[Bucket]:
-        for ref in update.buckets:
+        sent: SendResult = ray.get(update.published)
+        for ref in sent.handle:
             yield decode(ray.get(ref))
+
+    def close(self) -> None:
+        """Nothing held."""

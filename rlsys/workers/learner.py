@@ -9,9 +9,9 @@ import numpy as np
 import ray
 
 from rlsys.config.schema import LearnerConfig
-from rlsys.placement import ActorResources
+from rlsys.placement import ActorResources, thread_env
 from rlsys.types import TrainBatch
-from rlsys.weight_sync.base import WeightTransport, WeightUpdate
+from rlsys.weight_sync.base import SendResult, SyncAddress, WeightTransport
 
 
 def _free_port() -> int:
@@ -32,6 +32,7 @@ class LearnerWorker:
         self.rank, self.world_size = rank, world_size
         self.device_type = pick_device(num_gpus)
         self.backend = None
+        self.transport: WeightTransport | None = None  # rank 0 only: sends to the engines
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the process-group rendezvous."""
@@ -78,13 +79,24 @@ class LearnerWorker:
     def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
         self.backend.set_lr(lr, decay_steps)
 
-    def publish_weights(
-        self, transport: WeightTransport, version: int, bucket_bytes: int
-    ) -> WeightUpdate | None:
-        """Gather full tensors bucket by bucket; rank 0 sends them through ``transport``."""
+    def sync_address(self) -> SyncAddress:
+        """Where this rank (rank 0) hosts the weight-sync group."""
+        from rlsys.weight_sync.group import free_address
+
+        return free_address()
+
+    def connect_weight_sync(
+        self, transport: WeightTransport, world_size: int, address: SyncAddress
+    ) -> None:
+        """Rank 0 joins the weight-sync group as its sender (rank 0 of that group)."""
+        self.transport = transport
+        transport.connect(0, world_size, address, self.device_type)
+
+    def publish_weights(self, version: int, bucket_bytes: int) -> SendResult | None:
+        """Gather full tensors bucket by bucket; rank 0 sends them to the engines."""
         buckets = self.backend.iter_weight_buckets(bucket_bytes)
         if self.rank == 0:
-            return transport.send(buckets, version)
+            return self.transport.send(buckets, version)
         for _ in buckets:  # take part in the gathers
             pass
         return None
@@ -95,6 +107,8 @@ class LearnerWorker:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        if self.transport is not None:
+            self.transport.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -112,9 +126,11 @@ class LearnerGroup:
     ) -> None:
         self.cfg = cfg
         self.workers = [
-            LearnerWorker.options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus).remote(
-                rank, cfg.world_size, resources.threads, resources.num_gpus
-            )
+            LearnerWorker.options(
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                runtime_env=thread_env(resources.threads),
+            ).remote(rank, cfg.world_size, resources.threads, resources.num_gpus)
             for rank in range(cfg.world_size)
         ]
         addr, port = ray.get(self.workers[0].address.remote())
@@ -164,14 +180,10 @@ class LearnerGroup:
         """Peak learning rate, and the optimizer steps a cosine schedule decays over."""
         ray.get([w.set_lr.remote(lr, decay_steps) for w in self.workers])
 
-    def publish_weights(
-        self, transport: WeightTransport, version: int, bucket_bytes: int
-    ) -> WeightUpdate:
-        """The current weights as a versioned update for the engines."""
-        updates = ray.get(
-            [w.publish_weights.remote(transport, version, bucket_bytes) for w in self.workers]
-        )
-        return updates[0]
+    def publish_weights(self, version: int, bucket_bytes: int) -> list[ray.ObjectRef]:
+        """Start sending the current weights as ``version``; one ref per rank (rank 0's
+        resolves to its ``SendResult``)."""
+        return [w.publish_weights.remote(version, bucket_bytes) for w in self.workers]
 
     def save_hf(self, path: str) -> None:
         """Write the policy as a Hugging Face directory."""

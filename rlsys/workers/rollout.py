@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import ray
 
 from rlsys.config.schema import RolloutConfig
-from rlsys.placement import ActorResources
+from rlsys.placement import ActorResources, thread_env
 from rlsys.types import Completion, SamplingParams
-from rlsys.weight_sync.base import WeightTransport, WeightUpdate
+from rlsys.weight_sync.base import SyncAddress, WeightTransport, WeightUpdate
 
 
 @ray.remote
@@ -16,28 +18,34 @@ class RolloutWorker:
     """One generation engine in its own process."""
 
     def __init__(
-        self,
-        engine: str,
-        model_path: str,
-        dtype: str,
-        micro_batch_size: int,
-        threads: int,
-        num_gpus: float,
+        self, cfg: RolloutConfig, model_path: str, dtype: str, threads: int, num_gpus: float
     ) -> None:
         from rlsys.engines import ENGINES
         from rlsys.runtime import limit_threads, pick_device, quiet_libraries
 
         quiet_libraries()
-        limit_threads(threads)
-        self.engine = ENGINES.get(engine)(
-            model_path, dtype, micro_batch_size, pick_device(num_gpus)
-        )
+        self.threads = limit_threads(threads)
+        self.device = pick_device(num_gpus)
+        self.engine = ENGINES.get(cfg.engine)(model_path, dtype, cfg, self.device)
+        self.transport: WeightTransport | None = None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams):
         return self.engine.generate(prompts, sampling)
 
-    def update_weights(self, transport: WeightTransport, update: WeightUpdate) -> int:
-        return self.engine.update_weights(transport.receive(update), update.version)
+    def connect_weight_sync(
+        self, transport: WeightTransport, rank: int, world_size: int, address: SyncAddress
+    ) -> None:
+        """Join the weight-sync group as receiver ``rank`` (learner rank 0 is rank 0)."""
+        self.transport = transport
+        transport.connect(rank, world_size, address, self.device)
+
+    def update_weights(self, update: WeightUpdate) -> int:
+        """Receive ``update`` and load it; returns the number of tensors loaded."""
+        return self.engine.update_weights(self.transport.receive(update), update.version)
+
+    def abort(self) -> None:
+        """Stop the generation in flight (it returns partial completions)."""
+        self.engine.abort()
 
     def version(self) -> int:
         return self.engine.version
@@ -48,6 +56,10 @@ class RolloutWorker:
     def wake(self) -> None:
         self.engine.wake()
 
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
 
 class RolloutPool:
     """``num_workers`` rollout workers; a batch of prompts is split evenly among them."""
@@ -55,15 +67,15 @@ class RolloutPool:
     def __init__(
         self, cfg: RolloutConfig, resources: ActorResources, model_path: str, dtype: str
     ) -> None:
+        self.cfg = cfg
         self.workers = [
-            RolloutWorker.options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus).remote(
-                cfg.engine,
-                model_path,
-                dtype,
-                cfg.micro_batch_size,
-                resources.threads,
-                resources.num_gpus,
-            )
+            # max_concurrency 2: abort() must reach a worker while generate() runs
+            RolloutWorker.options(
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                max_concurrency=2,
+                runtime_env=thread_env(resources.threads),
+            ).remote(cfg, model_path, cfg.dtype or dtype, resources.threads, resources.num_gpus)
             for _ in range(cfg.num_workers)
         ]
         ray.get([w.version.remote() for w in self.workers])  # wait until every engine is up
@@ -71,24 +83,47 @@ class RolloutPool:
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None
     ) -> list[list[Completion]]:
-        """Completions per prompt, in prompt order; worker i seeds with ``seed + i``."""
+        """Completions per prompt, in prompt order; worker i seeds with ``seed + i``.
+
+        Stop strings and tokens default to ``rollout.stop`` / ``rollout.stop_token_ids``."""
         shards = np.array_split(np.arange(len(prompts)), len(self.workers))
         futures = []
         for i, (worker, rows) in enumerate(zip(self.workers, shards, strict=True)):
             if len(rows):
                 params = SamplingParams(
-                    **{**vars(sampling), "seed": None if seed is None else seed + i}
+                    **{
+                        **vars(sampling),
+                        "seed": None if seed is None else seed + i,
+                        "stop": list(sampling.stop or self.cfg.stop),
+                        "stop_token_ids": list(sampling.stop_token_ids or self.cfg.stop_token_ids),
+                    }
                 )
                 futures.append(worker.generate.remote([prompts[r] for r in rows], params))
         return [group for part in ray.get(futures) for group in part]
 
-    def update_weights(self, transport: WeightTransport, update: WeightUpdate) -> None:
-        """Load ``update`` into every engine (they read the buckets concurrently)."""
-        ray.get([w.update_weights.remote(transport, update) for w in self.workers])
+    def connect_weight_sync(
+        self, transport: WeightTransport, world_size: int, address: SyncAddress
+    ) -> list[ray.ObjectRef]:
+        """Start every worker joining the sync group as ranks 1..num_workers."""
+        return [
+            w.connect_weight_sync.remote(transport, rank, world_size, address)
+            for rank, w in enumerate(self.workers, start=1)
+        ]
+
+    def update_weights(self, update: WeightUpdate) -> list[ray.ObjectRef]:
+        """Start loading ``update`` into every engine (they receive concurrently)."""
+        return [w.update_weights.remote(update) for w in self.workers]
+
+    def abort(self) -> None:
+        """Stop every worker's generation in flight."""
+        ray.get([w.abort.remote() for w in self.workers])
 
     def versions(self) -> list[int]:
         return ray.get([w.version.remote() for w in self.workers])
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Release transport buffers if workers answer in time, then kill them."""
+        with contextlib.suppress(Exception):  # cleanup must reach the kills below
+            ray.get([w.close.remote() for w in self.workers], timeout=timeout_s)
         for w in self.workers:
             ray.kill(w)

@@ -1,4 +1,8 @@
-"""After every weight sync, each rollout engine's greedy output equals the learner's."""
+"""After every weight sync, each rollout engine's greedy output equals the learner's.
+
+Runs every engine x CPU transport pairing that matters: both engines on the object store,
+vLLM on the collective transport over both CPU data planes, with 1 and 2 learner ranks.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +17,32 @@ from rlsys.models.loading import load_tokenizer
 from rlsys.pools import start_pools
 from rlsys.types import SamplingParams
 
+CASES = [  # engine, transport, CPU data plane, learner ranks, engines, engine TP size
+    ("hf", "object_store", "auto", 1, 2, 1),
+    ("hf", "object_store", "auto", 2, 2, 1),
+    ("vllm", "object_store", "auto", 1, 2, 1),
+    ("vllm", "collective", "shm", 2, 2, 1),
+    ("vllm", "collective", "gloo", 1, 2, 1),
+    ("hf", "collective", "gloo", 2, 2, 1),
+    ("vllm", "collective", "shm", 2, 1, 2),  # 2 FSDP2 shards -> full tensors -> 2 TP shards
+]
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_engines_match_learner_greedy_after_each_sync(ray_cpu, tiny_model_dir, world_size):
+
+@pytest.mark.parametrize(("engine", "transport", "plane", "world_size", "engines", "tp"), CASES)
+def test_engines_match_learner_greedy_after_each_sync(
+    ray_cpu, tiny_model_dir, engine, transport, plane, world_size, engines, tp
+):
+    bucket_mb = 0.05
     cfg = load_config(
         [
             f"learner.world_size={world_size}",
-            "rollout.num_workers=2",
-            "rollout.num_cpus_per_worker=1",
-            "weight_sync.bucket_mb=0.05",
+            f"rollout.engine={engine}",
+            f"rollout.num_workers={engines}",
+            f"rollout.num_cpus_per_worker={2 // engines}",
+            f"rollout.vllm.tensor_parallel_size={tp}",
+            f"weight_sync.transport={transport}",
+            f"weight_sync.cpu_data_plane={plane}",
+            f"weight_sync.bucket_mb={bucket_mb}",
         ]
     )
     tok = load_tokenizer(tiny_model_dir)
@@ -38,9 +59,10 @@ def test_engines_match_learner_greedy_after_each_sync(ray_cpu, tiny_model_dir, w
         previous = None
         for version in range(1, 4):
             pools.learner.train_step(batch, SFTObjective(), seed=version)
-            update = pools.sync_weights(version)
-            assert len(update.buckets) > 1  # bucketed, not one blob
-            assert pools.rollout.versions() == [version, version]
+            sent = pools.sync_weights(version)
+            assert sent.version == version
+            assert sent.num_buckets > 1  # bucketed, not one blob (limits: test_transports)
+            assert pools.rollout.versions() == [version] * engines
             groups = pools.generate(fixed, SamplingParams(greedy=True, max_new_tokens=6))
             responses = [g[0].token_ids for g in groups]
             assert all(g[0].version == version for g in groups)

@@ -66,11 +66,22 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("eval.max_new_tokens=-3", "eval.max_new_tokens"),
         ("learner.optim.schedule=linear", "learner.optim.schedule"),
         ("trainer.max_wall_s=-5", "trainer.max_wall_s"),
+        ("rollout.engine=sglang", "rollout.engine"),
+        ("weight_sync.transport=nccl", "weight_sync.transport"),
+        ("weight_sync.transport=cuda_ipc", "placement.mode=colocated"),
+        ("weight_sync.cpu_data_plane=rdma", "weight_sync.cpu_data_plane"),
+        ("rollout.vllm.gpu_memory_utilization=1.5", "rollout.vllm.gpu_memory_utilization"),
+        ("rollout.dtype=int8", "rollout.dtype"),
+        ("rollout.stop=['']", "rollout.stop"),
+        (
+            "rollout.engine=vllm rollout.num_gpus_per_worker=1 rollout.vllm.tensor_parallel_size=2",
+            "tensor_parallel_size",
+        ),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):
     with pytest.raises(ConfigError) as info:
-        load_config([override])
+        load_config(override.split())
     assert needle in str(info.value)
 
 

@@ -1,0 +1,127 @@
+"""Streaming transports over a standalone group: ``collective`` and ``cuda_ipc``.
+
+Per bucket, learner rank 0 packs the (already gathered) tensors into a slot of its data plane,
+broadcasts a small header (tensor names, dtypes, shapes, offsets) over gloo and posts the bytes;
+each engine reads the bytes, loads the bucket and releases the slot. Because posting is
+asynchronous, the learner gathers and packs bucket k+1 while bucket k is on its way, and never
+holds more than two packed buckets. A ``None`` header ends the sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from rlsys.config.schema import WeightSyncConfig
+from rlsys.weight_sync.base import (
+    Bucket,
+    SendResult,
+    SyncAddress,
+    WeightUpdate,
+    layout,
+    pack,
+    unpack,
+)
+from rlsys.weight_sync.group import SyncGroup
+from rlsys.weight_sync.planes import SLOTS, BroadcastPlane, CudaIpcPlane, SharedMemoryPlane
+
+
+class CollectiveTransport:
+    """Learner rank 0 -> every engine through a process group (gloo/shm on CPU, NCCL on GPU)."""
+
+    def __init__(self, cfg: WeightSyncConfig | None = None) -> None:
+        self.cfg = cfg or WeightSyncConfig(transport="collective")
+        self.group: SyncGroup | None = None
+        self.plane: BroadcastPlane | None = None
+
+    def connect(self, rank: int, world_size: int, address: SyncAddress, device: str) -> None:
+        self.group = SyncGroup(rank, world_size, address, device, self.cfg.timeout_s)
+        devices = self.group.all_gather_object(torch.device(device).type)
+        self.plane = self._plane(devices)
+
+    def _plane(self, devices: list[str]) -> BroadcastPlane:
+        group, mode = self.group, self.cfg.cpu_data_plane
+        if all(d == "cuda" for d in devices):
+            return BroadcastPlane(group, torch.device("cuda", torch.cuda.current_device()))
+        if mode == "shm" and not group.same_node:
+            raise ValueError(
+                "weight_sync.cpu_data_plane=shm needs every engine on learner rank 0's node; "
+                "set weight_sync.cpu_data_plane=auto (or gloo)"
+            )
+        if mode in ("auto", "shm") and group.same_node:
+            return SharedMemoryPlane(group, torch.device("cpu"))
+        return BroadcastPlane(group, torch.device("cpu"))
+
+    @property
+    def data_plane(self) -> str:
+        """Which plane carries the bytes: shm, gloo, nccl or cuda_ipc."""
+        if isinstance(self.plane, CudaIpcPlane):
+            return "cuda_ipc"
+        if isinstance(self.plane, SharedMemoryPlane):
+            return "shm"
+        return "nccl" if self.plane.device.type == "cuda" else "gloo"
+
+    def send(self, buckets: Iterable[Bucket], version: int) -> SendResult:
+        group, plane = self._connected()
+        result = SendResult(version)
+        for bucket in buckets:  # each next() gathers the following bucket from the shards
+            if not bucket:
+                continue
+            slices, nbytes = layout(bucket)
+            slot = result.num_buckets % SLOTS
+            buffer = plane.acquire(slot, nbytes)
+            pack(bucket, slices, buffer)  # the one copy on the sender (device-aware)
+            group.broadcast_object(
+                {
+                    "version": version,
+                    "slot": slot,
+                    "nbytes": nbytes,
+                    "slices": slices,
+                    "plane": plane.describe(slot),
+                }
+            )
+            plane.post(slot, buffer)
+            result.num_buckets += 1
+            result.num_tensors += len(slices)
+            result.num_bytes += sum(t.numel() * t.element_size() for t in bucket.values())
+        group.broadcast_object(None)
+        plane.drain()
+        return result
+
+    def receive(self, update: WeightUpdate) -> Iterator[Bucket]:
+        group, plane = self._connected()
+        while (header := group.broadcast_object()) is not None:
+            if header["version"] != update.version:
+                raise RuntimeError(
+                    f"weight sync out of step: this engine expected version {update.version} "
+                    f"but learner rank 0 is sending version {header['version']}"
+                )
+            buffer = plane.receive(header["slot"], header["nbytes"], header["plane"])
+            yield unpack(header["slices"], buffer)
+            plane.release(header["slot"])
+
+    def _connected(self) -> tuple[SyncGroup, BroadcastPlane]:
+        if self.group is None:
+            raise RuntimeError("weight transport used before connect(); start pools first")
+        return self.group, self.plane
+
+    def close(self) -> None:
+        if self.plane is not None:
+            self.plane.close()
+        if self.group is not None:
+            self.group.close()
+        self.group = self.plane = None
+
+
+class CudaIpcTransport(CollectiveTransport):
+    """Engines colocated on learner rank 0's GPU read its bucket buffers by CUDA IPC."""
+
+    def _plane(self, devices: list[str]) -> BroadcastPlane:
+        if any(d != "cuda" for d in devices) or not self.group.same_node:
+            raise ValueError(
+                "weight_sync.transport=cuda_ipc needs the learner and every engine on one GPU "
+                f"node (devices here: {devices}); use weight_sync.transport=collective or "
+                "object_store"
+            )
+        return CudaIpcPlane(self.group, torch.device("cuda", torch.cuda.current_device()))

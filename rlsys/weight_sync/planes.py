@@ -1,0 +1,168 @@
+"""Data planes of the streaming transports: how one packed bucket's bytes reach the engines.
+
+Every plane double-buffers: the sender packs bucket k+1 into one slot while bucket k, in the
+other slot, is still travelling or being loaded, so the sender holds at most two buckets.
+
+* ``BroadcastPlane``: the bytes are broadcast over the group (gloo on CPU, NCCL on GPU).
+* ``SharedMemoryPlane``: all members share a node; slots are files in /dev/shm mapped by every
+  member, so bytes are written once and loaded straight from the mapping; gloo only signals.
+* ``CudaIpcPlane``: engines on the learner's GPU map its slot buffers by CUDA IPC handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from typing import Any
+
+import torch
+
+from rlsys.weight_sync.group import SyncGroup
+
+SLOTS = 2
+
+
+class BroadcastPlane:
+    """Bucket bytes broadcast from rank 0; the receiver owns a buffer per slot."""
+
+    def __init__(self, group: SyncGroup, device: torch.device) -> None:
+        self.group, self.device = group, device
+        self.buffers: list[torch.Tensor | None] = [None] * SLOTS
+        self.works: list[Any] = [None] * SLOTS
+
+    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        buf = self.buffers[slot]
+        if buf is None or buf.numel() < nbytes:
+            buf = self.buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buf[:nbytes]
+
+    def acquire(self, slot: int, nbytes: int) -> torch.Tensor:
+        """Sender: a slot buffer to pack into, once its previous send has finished."""
+        self.wait(slot)
+        return self._buffer(slot, nbytes)
+
+    def describe(self, slot: int) -> dict:
+        return {}
+
+    def post(self, slot: int, buffer: torch.Tensor) -> None:
+        """Sender: start sending the packed slot."""
+        self.works[slot] = self.group.broadcast(buffer)
+
+    def receive(self, slot: int, nbytes: int, description: dict) -> torch.Tensor:
+        """Receiver: the bucket's bytes, once they have arrived."""
+        buffer = self._buffer(slot, nbytes)
+        self.group.broadcast(buffer).wait()
+        return buffer
+
+    def release(self, slot: int) -> None:
+        """Receiver: done with the slot's bytes."""
+
+    def wait(self, slot: int) -> None:
+        if self.works[slot] is not None:
+            self.works[slot].wait()
+            self.works[slot] = None
+
+    def drain(self) -> None:
+        for slot in range(SLOTS):
+            self.wait(slot)
+
+    def close(self) -> None:
+        self.buffers = [None] * SLOTS
+
+
+class SharedMemoryPlane(BroadcastPlane):
+    """Slots are /dev/shm files every member maps; receivers acknowledge each bucket."""
+
+    def __init__(self, group: SyncGroup, device: torch.device) -> None:
+        super().__init__(group, device)
+        self.prefix = f"/dev/shm/rlsys-weights-{uuid.uuid4().hex[:12]}"
+        self.paths: list[str | None] = [None] * SLOTS
+        self.generation = 0
+
+    def _map(self, path: str, nbytes: int) -> torch.Tensor:
+        storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
+        return torch.tensor([], dtype=torch.uint8).set_(storage)
+
+    def acquire(self, slot: int, nbytes: int) -> torch.Tensor:
+        self.wait(slot)  # every receiver has loaded what this slot held
+        buf = self.buffers[slot]
+        if buf is None or buf.numel() < nbytes:
+            self._unlink(slot)
+            self.generation += 1
+            self.paths[slot] = f"{self.prefix}-{slot}-{self.generation}"
+            buf = self.buffers[slot] = self._map(self.paths[slot], nbytes)
+        return buf[:nbytes]
+
+    def describe(self, slot: int) -> dict:
+        return {"path": self.paths[slot], "size": self.buffers[slot].numel()}
+
+    def post(self, slot: int, buffer: torch.Tensor) -> None:
+        self.works[slot] = self.group.barrier()  # completes when receivers release the slot
+
+    def receive(self, slot: int, nbytes: int, description: dict) -> torch.Tensor:
+        if self.paths[slot] != description["path"]:
+            self.paths[slot] = description["path"]
+            self.buffers[slot] = self._map(description["path"], description["size"])
+        return self.buffers[slot][:nbytes]
+
+    def release(self, slot: int) -> None:
+        self.group.barrier().wait()
+
+    def _unlink(self, slot: int) -> None:
+        if self.group.rank == 0 and self.paths[slot] is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.paths[slot])
+
+    def close(self) -> None:
+        for slot in range(SLOTS):
+            self._unlink(slot)
+        super().close()
+
+
+class CudaIpcPlane(SharedMemoryPlane):
+    """Slots are CUDA buffers of the learner's GPU; engines on that GPU open their IPC handles."""
+
+    def __init__(self, group: SyncGroup, device: torch.device) -> None:
+        super().__init__(group, device)
+        self.handles: list[Any] = [None] * SLOTS
+
+    def acquire(self, slot: int, nbytes: int) -> torch.Tensor:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        self.wait(slot)
+        buf = self.buffers[slot]
+        if buf is None or buf.numel() < nbytes:
+            self.generation += 1
+            buf = self.buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            self.paths[slot] = f"{self.prefix}-{slot}-{self.generation}"
+            self.handles[slot] = reduce_tensor(buf)
+        return buf[:nbytes]
+
+    def describe(self, slot: int) -> dict:
+        return {"path": self.paths[slot], "ipc": self.handles[slot], "gpu": gpu_uuid(self.device)}
+
+    def post(self, slot: int, buffer: torch.Tensor) -> None:
+        torch.cuda.current_stream(self.device).synchronize()  # packed bytes visible to others
+        super().post(slot, buffer)
+
+    def receive(self, slot: int, nbytes: int, description: dict) -> torch.Tensor:
+        if self.paths[slot] != description["path"]:
+            if description["gpu"] != gpu_uuid(self.device):
+                raise RuntimeError(
+                    "weight_sync.transport=cuda_ipc needs every engine on its learner's GPU, "
+                    f"but this engine runs on GPU {gpu_uuid(self.device)} and the learner on "
+                    f"{description['gpu']}; use placement=colocated or "
+                    "weight_sync.transport=collective"
+                )
+            rebuild, args = description["ipc"]
+            self.paths[slot] = description["path"]
+            self.buffers[slot] = rebuild(*args)
+        return self.buffers[slot][:nbytes]
+
+    def _unlink(self, slot: int) -> None:
+        """CUDA buffers are freed with their tensors."""
+
+
+def gpu_uuid(device: torch.device) -> str:
+    return str(torch.cuda.get_device_properties(device).uuid)

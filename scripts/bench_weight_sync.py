@@ -1,0 +1,302 @@
+"""Weight-sync bandwidth of every transport this machine has, against its memory-copy bandwidth.
+
+    python scripts/bench_weight_sync.py [--models 3M,16M,135M,500M] [--receivers 1]
+        [--bucket-mb 64] [--repeats 3] [--json out.json]
+
+For randomly initialised models shaped like real ones (~3M, ~16M, SmolLM2-135M, Qwen2.5-0.5B),
+a sender actor (standing in for learner rank 0, holding full tensors as an unsharded learner
+does) sends every weight to ``--receivers`` receiver actors through each transport that can run
+here (``object_store``; ``collective`` over shared memory and over gloo on CPU, NCCL on GPU;
+``cuda_ipc`` on GPU). Two timings per transport, each the median of ``--repeats``:
+
+* ``seconds``: delivery. From the sender starting on its first bucket until every receiver
+  holds every bucket's tensors readable in its own process (as an engine's loader sees them).
+  Both ends are timed inside the actors on the machine-wide monotonic clock, so Ray's cost of
+  dispatching the two calls is not counted.
+* ``load_seconds``: delivery plus each receiver copying every tensor into its own
+  preallocated weights (what a trivial engine loader adds).
+
+``gbps`` is bytes / seconds; ``ratio_to_memcpy`` divides it by this machine's memory-copy
+bandwidth measured in the same run (best of 5 ``torch`` copies of 256 MiB using every core).
+Moving bytes between two private address spaces through any shared buffer takes two copies,
+and on a bandwidth-bound machine two concurrent copies share the bus, so ``load`` ratios stay
+at or below about 0.5 whatever the transport. ``--json PATH`` writes one record per
+(transport, model) with keys transport, params, bytes, seconds, gbps, ratio_to_memcpy (plus
+load_seconds, load_gbps, buckets, memcpy_gbps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+MODELS = {  # name -> Llama-style shape (vocab, hidden, layers, intermediate, heads, kv heads, tied)
+    "3M": (2048, 256, 2, 1024, 4, 2, False),
+    "16M": (4096, 384, 6, 1536, 6, 2, False),
+    "135M": (49152, 576, 30, 1536, 9, 3, True),  # SmolLM2-135M
+    "500M": (151936, 896, 24, 4864, 14, 2, True),  # Qwen2.5-0.5B
+}
+
+
+def random_state(name: str):
+    """Named full tensors of a randomly initialised model shaped like ``name`` (float32)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab, hidden, layers, inter, heads, kv, tied = MODELS[name]
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        tie_word_embeddings=tied,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state = {}
+    for key, param in model.named_parameters():  # tied weights once, as learners send them
+        state[key] = torch.empty(param.shape, dtype=torch.float32).uniform_(-0.05, 0.05)
+    return state
+
+
+def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Best bandwidth of one large tensor copy with every core (bytes copied per second)."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
+def make_actors(ray):
+    from rlsys.placement import thread_env  # OpenMP threads from process start, as rlsys actors
+
+    @ray.remote(num_cpus=0, runtime_env=thread_env(os.cpu_count() or 1))
+    class Sender:
+        def __init__(self, model: str) -> None:
+            import torch
+
+            torch.set_num_threads(os.cpu_count() or 1)  # as a learner rank given the machine
+            self.state = random_state(model)
+            self.transport = None
+
+        def info(self) -> tuple[int, int]:
+            return (
+                sum(t.numel() for t in self.state.values()),
+                sum(t.numel() * t.element_size() for t in self.state.values()),
+            )
+
+        def memcpy(self) -> float:
+            return memcpy_gbps()
+
+        def address(self):
+            from rlsys.weight_sync.group import free_address
+
+            return free_address()
+
+        def connect(self, transport, world_size, address) -> None:
+            self.transport = transport
+            transport.connect(0, world_size, address, "cpu")
+
+        def send(self, version: int, bucket_bytes: int):
+            def buckets():
+                bucket, size = {}, 0
+                for key, tensor in self.state.items():
+                    nbytes = tensor.numel() * tensor.element_size()
+                    if bucket and size + nbytes > bucket_bytes:
+                        yield bucket
+                        bucket, size = {}, 0
+                    bucket[key] = tensor
+                    size += nbytes
+                if bucket:
+                    yield bucket
+
+            self.started = time.monotonic()  # machine-wide clock: comparable across processes
+            return self.transport.send(buckets(), version)
+
+        def last_start(self) -> float:
+            return self.started
+
+        def close(self) -> None:
+            self.transport.close()
+
+    @ray.remote(num_cpus=0, runtime_env=thread_env(os.cpu_count() or 1))
+    class Receiver:
+        def __init__(self, model: str) -> None:
+            import torch
+
+            torch.set_num_threads(os.cpu_count() or 1)
+            self.dest = random_state(model)
+            self.transport = None
+
+        def connect(self, transport, rank, world_size, address) -> None:
+            self.transport = transport
+            transport.connect(rank, world_size, address, "cpu")
+
+        def receive(self, update, load: bool) -> tuple[int, int, float]:
+            """(buckets, tensors, monotonic time when the last one was taken)."""
+            buckets = count = 0
+            for bucket in self.transport.receive(update):
+                buckets += 1
+                for key, tensor in bucket.items():
+                    if load:
+                        self.dest[key].copy_(tensor)
+                    count += 1
+            return buckets, count, time.monotonic()
+
+        def close(self) -> None:
+            self.transport.close()
+
+    return Sender, Receiver
+
+
+def transports():
+    """(label, transport factory) for every transport this machine can run."""
+    import torch
+
+    from rlsys.config.schema import WeightSyncConfig
+    from rlsys.weight_sync import TRANSPORTS
+
+    out = [("object_store", lambda: TRANSPORTS.get("object_store")(WeightSyncConfig()))]
+    for plane in ("shm", "gloo"):
+        cfg = WeightSyncConfig(transport="collective", cpu_data_plane=plane)
+        out.append((f"collective:{plane}", lambda cfg=cfg: TRANSPORTS.get("collective")(cfg)))
+    if torch.cuda.is_available():
+        print("note: GPU transports (collective:nccl, cuda_ipc) run in the GPU benchmarks")
+    return out
+
+
+def run_model(ray, model, receivers, bucket_bytes, repeats, memcpy):
+    from rlsys.weight_sync import WeightUpdate
+
+    Sender, Receiver = make_actors(ray)
+    sender = Sender.remote(model)
+    sinks = [Receiver.remote(model) for _ in range(receivers)]
+    params, nbytes = ray.get(sender.info.remote())
+    records = []
+    for label, factory in transports():
+        transport = factory()
+        address = ray.get(sender.address.remote())
+        world = 1 + receivers
+        ray.get(
+            [
+                sender.connect.remote(transport, world, address),
+                *[s.connect.remote(transport, r, world, address) for r, s in enumerate(sinks, 1)],
+            ]
+        )
+        timings = {False: [], True: []}
+        buckets = 0
+        version = 0
+        for load in (False, True):
+            for _ in range(repeats + 1):  # the first round warms buffers up and is dropped
+                version += 1
+                send = sender.send.remote(version, bucket_bytes)
+                gets = [
+                    s.receive.remote(WeightUpdate(version, published=send), load) for s in sinks
+                ]
+                ray.get(send)
+                done = ray.get(gets)
+                start = ray.get(sender.last_start.remote())
+                buckets = done[0][0]
+                timings[load].append(max(end for _, _, end in done) - start)
+        ray.get([sender.close.remote(), *[s.close.remote() for s in sinks]])
+        seconds = statistics.median(timings[False][1:])
+        load_seconds = statistics.median(timings[True][1:])
+        gbps = nbytes / seconds / 1e9
+        records.append(
+            {
+                "transport": label,
+                "model": model,
+                "params": params,
+                "bytes": nbytes,
+                "buckets": buckets,
+                "receivers": receivers,
+                "seconds": seconds,
+                "gbps": gbps,
+                "ratio_to_memcpy": gbps / memcpy,
+                "load_seconds": load_seconds,
+                "load_gbps": nbytes / load_seconds / 1e9,
+                "load_ratio_to_memcpy": nbytes / load_seconds / 1e9 / memcpy,
+                "memcpy_gbps": memcpy,
+            }
+        )
+        print(_row(records[-1]), flush=True)
+    for actor in (sender, *sinks):
+        ray.kill(actor)
+    return records
+
+
+HEADER = (
+    f"{'transport':<18}{'model':>6}{'params':>12}{'MB':>9}{'buckets':>8}{'s':>9}{'GB/s':>7}"
+    f"{'ratio':>7}{'load s':>9}{'load GB/s':>10}{'ratio':>7}"
+)
+
+
+def _row(r: dict) -> str:
+    return (
+        f"{r['transport']:<18}{r['model']:>6}{r['params']:>12,}{r['bytes'] / 1e6:>9.1f}"
+        f"{r['buckets']:>8}{r['seconds']:>9.3f}{r['gbps']:>7.2f}{r['ratio_to_memcpy']:>7.2f}"
+        f"{r['load_seconds']:>9.3f}{r['load_gbps']:>10.2f}{r['load_ratio_to_memcpy']:>7.2f}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--receivers", type=int, default=1)
+    parser.add_argument("--bucket-mb", type=float, default=64.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; pick from {list(MODELS)}")
+
+    import ray
+
+    from rlsys.runtime import quiet_libraries
+
+    quiet_libraries()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    try:
+        probe = make_actors(ray)[0].remote("3M")
+        memcpy = ray.get(probe.memcpy.remote())
+        ray.kill(probe)
+        print(f"memory-copy bandwidth: {memcpy:.2f} GB/s (256 MiB torch copy, every core)")
+        print(
+            f"bucket {args.bucket_mb:g} MiB, {args.receivers} receiver(s), medians of "
+            f"{args.repeats}\n{HEADER}",
+            flush=True,
+        )
+        records = []
+        for model in models:
+            records += run_model(
+                ray, model, args.receivers, int(args.bucket_mb * (1 << 20)), args.repeats, memcpy
+            )
+    finally:
+        ray.shutdown()
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(records, fh, indent=1)
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())
