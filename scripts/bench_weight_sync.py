@@ -111,20 +111,10 @@ def make_actors(ray):
             transport.connect(0, world_size, address, "cpu")
 
         def send(self, version: int, bucket_bytes: int):
-            def buckets():
-                bucket, size = {}, 0
-                for key, tensor in self.state.items():
-                    nbytes = tensor.numel() * tensor.element_size()
-                    if bucket and size + nbytes > bucket_bytes:
-                        yield bucket
-                        bucket, size = {}, 0
-                    bucket[key] = tensor
-                    size += nbytes
-                if bucket:
-                    yield bucket
+            from rlsys.weight_sync.base import bucketize
 
             self.started = time.monotonic()  # machine-wide clock: comparable across processes
-            return self.transport.send(buckets(), version)
+            return self.transport.send(bucketize(self.state.items(), bucket_bytes), version)
 
         def last_start(self) -> float:
             return self.started

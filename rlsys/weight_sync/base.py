@@ -85,6 +85,22 @@ def bucket_bytes(bucket: Bucket) -> int:
     return sum(t.numel() * t.element_size() for t in bucket.values())
 
 
+def bucketize(named: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator[Bucket]:
+    """Group named tensors, in order, into buckets of at most ``limit`` bytes; a single tensor
+    larger than ``limit`` gets a bucket of its own."""
+    bucket: Bucket = {}
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > limit:
+            yield bucket
+            bucket, size = {}, 0
+        bucket[name] = tensor
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
 def layout(bucket: Bucket) -> tuple[list[TensorSlice], int]:
     """Offsets of each tensor of ``bucket`` in a flat buffer, and the buffer's size."""
     slices, offset = [], 0
@@ -106,8 +122,7 @@ def pack(bucket: Bucket, slices: list[TensorSlice], buffer: torch.Tensor) -> Non
 def unpack_one(item: TensorSlice, buffer: torch.Tensor) -> torch.Tensor:
     """The tensor ``item`` as a view into the uint8 ``buffer`` (no copy)."""
     dtype = getattr(torch, item.dtype)
-    count = math.prod(item.shape)
-    nbytes = count * torch.tensor([], dtype=dtype).element_size()
+    nbytes = math.prod(item.shape) * dtype.itemsize
     return buffer[item.offset : item.offset + nbytes].view(dtype).view(item.shape)
 
 

@@ -19,6 +19,7 @@ from rlsys.weight_sync.base import (
     SendResult,
     SyncAddress,
     WeightUpdate,
+    bucket_bytes,
     layout,
     pack,
     unpack,
@@ -84,7 +85,7 @@ class CollectiveTransport:
             plane.post(slot, buffer)
             result.num_buckets += 1
             result.num_tensors += len(slices)
-            result.num_bytes += sum(t.numel() * t.element_size() for t in bucket.values())
+            result.num_bytes += bucket_bytes(bucket)
         group.broadcast_object(None)
         plane.drain()
         return result

@@ -111,10 +111,6 @@ class SyncGroup:
         """Whether every member runs on rank 0's node."""
         return all(node == self.nodes[0] for node in self.nodes)
 
-    def barrier(self) -> dist.Work:
-        """Start a barrier on the control group."""
-        return self.gloo.barrier()
-
     def close(self) -> None:
         for group in (self.nccl, self.gloo):
             if group is not None and hasattr(group, "shutdown"):

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 from rlsys.config.schema import WeightSyncConfig
 from rlsys.weight_sync import TRANSPORTS, SyncAddress, WeightUpdate
-from rlsys.weight_sync.base import bucket_bytes
+from rlsys.weight_sync.base import bucket_bytes, bucketize
 
 LIMIT = 4096  # bytes per bucket
 
@@ -40,15 +40,7 @@ def _state(version: int) -> dict[str, torch.Tensor]:
 
 
 def _buckets(state: dict[str, torch.Tensor]):
-    bucket, size = {}, 0
-    for name, tensor in state.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > LIMIT:
-            yield bucket
-            bucket, size = {}, 0
-        bucket[name] = tensor
-        size += nbytes
-    yield bucket
+    return bucketize(state.items(), LIMIT)
 
 
 # plane -> transport. NCCL refuses several ranks on one GPU, so its plane needs a multi-GPU box.
