@@ -14,6 +14,7 @@ from rlsys.config.schema import TrainConfig
 from rlsys.data.tasks import TaskSplits, load_task
 from rlsys.launch.local import connect_ray, preflight
 from rlsys.models.loading import load_tokenizer, resolve_model_path
+from rlsys.placement import Roles
 from rlsys.run_dir import make_run_dir, write_summary
 from rlsys.tracking import Tracker
 
@@ -36,7 +37,7 @@ def _sft_to(
     from rlsys.pools import start_pools
     from rlsys.sft import run_sft
 
-    pools = start_pools(cfg, model_path, use_reference=False, temperature=1.0)
+    pools = start_pools(cfg, model_path, Roles(), temperature=1.0)
     try:
         result = run_sft(
             cfg.sft,
@@ -106,18 +107,18 @@ def train(cfg: TrainConfig) -> Path:
     from rlsys.pools import start_pools
 
     started = time.perf_counter()
-    use_reference = cfg.algorithm.kl_coef > 0
-    preflight(cfg, use_reference)
+    roles = Roles.for_rl(cfg)
+    preflight(cfg, roles)
     run_dir = make_run_dir(cfg, "train")
     log.info("run directory: %s", run_dir)
-    connect_ray(cfg, use_reference)
+    connect_ray(cfg, roles)
     base = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(base)
     task = load_task(cfg.task, cfg.run.seed)
     policy_path, warm = base, None
     if cfg.warm_start.enabled:
         policy_path, warm = warm_start(cfg, base, tokenizer, task, run_dir)
-    pools = start_pools(cfg, policy_path, use_reference)
+    pools = start_pools(cfg, policy_path, roles)
     tracker = Tracker(run_dir, cfg.tracking, run_dir.name, _plain(cfg), cfg.trainer.total_steps)
     try:
         summary = Controller(cfg, pools, tokenizer, task, tracker).run()
@@ -138,9 +139,9 @@ def train(cfg: TrainConfig) -> Path:
 def sft(cfg: TrainConfig) -> Path:
     """``rlsys sft``: supervised fine-tuning; the model lands in ``checkpoints/final``."""
     started = time.perf_counter()
-    preflight(cfg, use_reference=False)
+    preflight(cfg, Roles())
     run_dir = make_run_dir(cfg, "sft")
-    connect_ray(cfg, use_reference=False)
+    connect_ray(cfg, Roles())
     base = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(base)
     task = load_task(cfg.task, cfg.run.seed)

@@ -66,5 +66,15 @@ class StreamingBuffer:
             self.stats.released += len(group.samples)
         return out
 
+    def drop_stale(self, policy_version: int) -> int:
+        """Drop (and count) queued groups too old for ``policy_version``; returns how many."""
+        fresh = deque(g for g in self._groups if policy_version - g.version <= self.max_staleness)
+        dropped = len(self._groups) - len(fresh)
+        self.stats.dropped_stale += sum(
+            len(g.samples) for g in self._groups if policy_version - g.version > self.max_staleness
+        )
+        self._groups = fresh
+        return dropped
+
     def __len__(self) -> int:
         return len(self._groups)

@@ -44,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         print(to_yaml(cfg), end="")
         return 0
     from rlsys.launch.local import preflight
+    from rlsys.placement import Roles
 
     try:
-        preflight(cfg, use_reference=cfg.algorithm.kl_coef > 0)
+        preflight(cfg, Roles.for_rl(cfg) if args.command == "train" else Roles())
     except ConfigError as exc:
         print(f"rlsys {args.command}: config error: {exc}", file=sys.stderr)
         return 2

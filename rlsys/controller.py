@@ -2,14 +2,19 @@
 
 One step (synchronous, ``buffer.max_staleness=0``)::
 
-    prompts  <- sampler                                   (data)
-    groups   <- rollout pool: n samples/prompt, policy v  (generation)
-    groups   <- reward function on every sample           (scoring)
-    batch    <- buffer (stale / no-signal groups dropped)
-    ref_lp   <- reference worker, if algorithm.kl_coef>0  (reference)
-    old_lp   <- learner forward before the update         (learner_logprobs)
-    adv      <- advantage estimator(rewards)
-    learner  <- clipped policy-gradient update            (train)
+    repeat (once; with dynamic sampling until data.batch_size groups have signal):
+        prompts <- sampler                                 (data)
+        groups  <- rollout pool: n samples/prompt, policy v (generation)
+        groups  <- reward function (+ overlong shaping)     (scoring)
+        buffer  <- groups (stale / no-signal groups dropped)
+    batch    <- buffer
+    baseline <- greedy reply per prompt, scored, if remax   (baseline)
+    ref_lp   <- reference worker, if any KL term            (reference)
+    old_lp   <- learner forward before the update          (learner_logprobs)
+    values   <- critic forward, if gae                      (critic_values)
+    adv      <- advantage estimator(rewards, KL penalty, values, baseline)
+    learner  <- policy update (PPO clip / GSPO / vanilla)   (train)
+    critic   <- value regression onto the returns           (critic_train)
     v += 1; engines <- learner weights as version v       (weight_sync)
 """
 
@@ -23,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rlsys.algorithms.advantages import ADVANTAGES
-from rlsys.algorithms.objectives import PolicyGradientObjective
+from rlsys.algorithms.estimators import NEEDS_GREEDY_BASELINE
+from rlsys.algorithms.objectives import ValueObjective
+from rlsys.algorithms.recipe import Recipe
 from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.collector import RolloutCollector
 from rlsys.config.schema import TrainConfig
@@ -73,19 +79,16 @@ class Controller:
             task.train, cfg.data.batch_size, cfg.data.shuffle, cfg.run.seed
         )
         self.collector = RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
+        algo = cfg.algorithm
         self.buffer = StreamingBuffer(
             cfg.buffer.max_staleness,
-            has_reward_variance if cfg.algorithm.filter_uniform_groups else None,
+            has_reward_variance if algo.filter_uniform_groups else None,
         )
-        algo = cfg.algorithm
-        self.objective = PolicyGradientObjective(
-            clip_low=algo.clip_eps,
-            clip_high=algo.clip_eps_high or algo.clip_eps,
-            kl_coef=algo.kl_coef,
-            kl_estimator=algo.kl_estimator,
-            entropy_coef=algo.entropy_coef,
-        )
-        self.advantage_fn = ADVANTAGES.get(algo.advantage)
+        self.recipe = Recipe(algo, cfg.rollout.n_samples, task.max_new_tokens)
+        if algo.uses_critic and pools.critic is None:
+            raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
+        if algo.uses_reference and pools.reference is None:
+            raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
         self.sampling = SamplingParams(
             n=cfg.rollout.n_samples,
             temperature=cfg.rollout.temperature,
@@ -101,31 +104,106 @@ class Controller:
         """One synchronous RL step; returns its metrics."""
         timer = StageTimer()
         started = time.perf_counter()
-        prompts = self.sampler.next_batch()
-        with timer("generation"):
-            groups = self.collector.generate(prompts, self.sampling, seed=self._seed(step))
-        with timer("scoring"):
-            self.collector.score(groups)
-        metrics = self._rollout_metrics(groups)
-        for group in groups:
-            self.buffer.put(group, self.version)
-        kept = self.buffer.take(len(groups), self.version)
+        groups, metrics = self._collect(step, timer)
+        kept = self.buffer.take(self.cfg.data.batch_size, self.version)
         metrics["buffer/groups_kept"] = len(kept)
         if kept:
             batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
+            metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
+            baseline = None
+            if self.cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE:
+                with timer("baseline"):
+                    baseline = self._greedy_baseline(kept, step)
+            token_kl = None
             if self.pools.reference is not None:
                 with timer("reference"):
                     batch.ref_logprobs = self._reference_logprobs(batch)
             with timer("learner_logprobs"):
                 batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
-            batch.advantages = self._advantages(kept)[:, None] * batch.loss_mask
-            with timer("train"):
-                train = self.pools.learner.train_step(batch, self.objective, self._seed(step))
-            metrics.update(self._train_metrics(train, batch))
-            self.version += 1
-            with timer("weight_sync"):
-                self.pools.sync_weights(self.version)
+            if self.pools.reference is not None:
+                token_kl = self.recipe.token_kl(batch)
+            if self.pools.critic is not None:
+                with timer("critic_values"):
+                    batch.values = self.pools.critic.forward_values(batch)
+            adv = self.recipe.advantages(batch, token_kl, baseline)
+            batch.advantages, batch.returns = adv.advantages, adv.returns
+            if not self._critic_warming_up(step):
+                with timer("train"):
+                    train = self.pools.learner.train_step(
+                        batch, self.recipe.policy_objective(), self._seed(step)
+                    )
+                metrics.update(self._train_metrics(train, batch, token_kl))
+            if self.pools.critic is not None:
+                with timer("critic_train"):
+                    critic = self.pools.critic.train_step(
+                        batch, ValueObjective(self.cfg.critic.value_clip), self._seed(step)
+                    )
+                metrics.update({f"critic/{k}": v for k, v in critic.items()})
+            if token_kl is not None:
+                self.recipe.update_kl_coef(token_kl)
+            if not self._critic_warming_up(step):
+                self.version += 1
+                with timer("weight_sync"):
+                    self.pools.sync_weights(self.version)
         return self._perf_metrics(metrics, timer, time.perf_counter() - started, groups)
+
+    def _collect(self, step: int, timer: StageTimer) -> tuple[list[RolloutGroup], dict]:
+        """Generate, score and buffer one batch of prompts' groups. With
+        ``algorithm.dynamic_sampling`` (DAPO), keep drawing batches until the buffer holds
+        ``data.batch_size`` groups with reward variance, or ``max_sampling_rounds`` are spent."""
+        algo = self.cfg.algorithm
+        rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
+        self.buffer.drop_stale(self.version)  # surplus groups of an earlier step
+        filtered_before = self.buffer.stats.dropped_filtered
+        generated: list[RolloutGroup] = []
+        penalties = []
+        used = 0
+        for used in range(1, rounds + 1):
+            prompts = self.sampler.next_batch()
+            with timer("generation"):
+                groups = self.collector.generate(
+                    prompts, self.sampling, seed=self._seed(step) + used - 1
+                )
+            with timer("scoring"):
+                self.collector.score(groups)
+                penalties.append(self.recipe.shape_rewards([s for g in groups for s in g.samples]))
+            generated += groups
+            for group in groups:
+                self.buffer.put(group, self.version)
+            if len(self.buffer) >= self.cfg.data.batch_size:
+                break
+        if algo.dynamic_sampling and len(self.buffer) < self.cfg.data.batch_size:
+            log.warning(
+                "step %d: only %d of data.batch_size=%d groups had reward variance after "
+                "algorithm.max_sampling_rounds=%d; training on those",
+                step,
+                len(self.buffer),
+                self.cfg.data.batch_size,
+                rounds,
+            )
+        metrics = self._rollout_metrics(generated)
+        metrics["rollout/sampling_rounds"] = used
+        metrics["rollout/groups_filtered"] = (
+            self.buffer.stats.dropped_filtered - filtered_before
+        ) / self.cfg.rollout.n_samples
+        if self.recipe.overlong_buffer:
+            metrics["rollout/overlong_penalty"] = float(np.mean(penalties))
+        return generated, metrics
+
+    def _greedy_baseline(self, groups: list[RolloutGroup], step: int) -> np.ndarray:
+        """ReMax's baseline: the (shaped) reward of each prompt's greedy reply, per sample."""
+        greedy = SamplingParams(n=1, greedy=True, max_new_tokens=self.task.max_new_tokens)
+        replies = self.collector.generate([g.prompt for g in groups], greedy, self._seed(step))
+        self.collector.score(replies)
+        self.recipe.shape_rewards([r.samples[0] for r in replies])
+        rewards = {r.prompt.uid: r.samples[0].reward for r in replies}
+        return np.array(
+            [rewards[g.prompt.uid] for g in groups for _ in g.samples], dtype=np.float32
+        )
+
+    def _critic_warming_up(self, step: int) -> bool:
+        """During ``critic.pretrain_steps`` only the critic learns."""
+        return self.pools.critic is not None and step <= self.cfg.critic.pretrain_steps
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the held-out prompts with the engines' current weights."""
@@ -145,25 +223,26 @@ class Controller:
         trainer, learner = self.cfg.trainer, self.cfg.learner
         optimizer_steps = trainer.total_steps * learner.ppo_epochs * learner.num_mini_batches
         self.pools.learner.set_lr(learner.optim.lr, decay_steps=optimizer_steps)
+        if self.pools.critic is not None:
+            critic = self.cfg.critic
+            self.pools.critic.set_lr(
+                critic.optim.lr,
+                decay_steps=trainer.total_steps * critic.ppo_epochs * critic.num_mini_batches,
+            )
         before = self._log_eval(0)
         started = time.perf_counter()
         step = 0
         for step in range(1, trainer.total_steps + 1):
             metrics = self.step(step)
             self.totals.steps = step
-            out_of_time = trainer.max_wall_s and time.perf_counter() - started > trainer.max_wall_s
-            if (
-                step == trainer.total_steps
-                or out_of_time
-                or (trainer.eval_every and step % trainer.eval_every == 0)
-            ):
+            last = step == trainer.total_steps
+            stop = None if last else self._budget_spent(time.perf_counter() - started)
+            if last or stop or (trainer.eval_every and step % trainer.eval_every == 0):
                 metrics.update(self.evaluate())
                 self.totals.eval_history.append({"step": step, **metrics})
             self.tracker.log(step, metrics)
-            if out_of_time:
-                log.warning(
-                    "trainer.max_wall_s=%s reached at step %d: stopping", trainer.max_wall_s, step
-                )
+            if stop:
+                log.warning("%s reached at step %d: stopping", stop, step)
                 break
         wall = time.perf_counter() - started
         after = (
@@ -173,6 +252,15 @@ class Controller:
 
     # ---- helpers ---------------------------------------------------------------------------
 
+    def _budget_spent(self, elapsed_s: float) -> str | None:
+        """The ``trainer.*`` budget that ends the run early, if one is spent."""
+        trainer = self.cfg.trainer
+        if trainer.max_wall_s and elapsed_s > trainer.max_wall_s:
+            return f"trainer.max_wall_s={trainer.max_wall_s}"
+        if trainer.max_samples and self.totals.samples >= trainer.max_samples:
+            return f"trainer.max_samples={trainer.max_samples}"
+        return None
+
     def _seed(self, step: int) -> int:
         return self.cfg.run.seed * 1_000_003 + step * 101
 
@@ -180,12 +268,6 @@ class Controller:
         import ray
 
         return ray.get(self.pools.reference.forward_logprobs.remote(batch))
-
-    def _advantages(self, groups: list[RolloutGroup]) -> np.ndarray:
-        rewards = np.array([[s.reward for s in g.samples] for g in groups], dtype=np.float32)
-        return self.advantage_fn(rewards, normalize_std=self.cfg.algorithm.normalize_std).reshape(
-            -1
-        )
 
     def _log_eval(self, step: int) -> float:
         metrics = self.evaluate()
@@ -210,14 +292,24 @@ class Controller:
             "rollout/reward_errors": float(self.collector.reward_errors),
         }
 
-    def _train_metrics(self, train: dict[str, float], batch: TrainBatch) -> dict[str, float]:
+    def _train_metrics(
+        self, train: dict[str, float], batch: TrainBatch, token_kl: np.ndarray | None
+    ) -> dict[str, float]:
         out = {f"train/{k}": v for k, v in train.items()}
         out["train/kl"] = train.get("kl_ref", train.get("approx_kl", 0.0))
         mask = batch.loss_mask > 0
+        if token_kl is not None:
+            out["train/kl_ref_seq"] = float(token_kl.sum(-1).mean())
+            out["train/kl_coef"] = self.recipe.kl_coef
+        if not mask.any():
+            return out
         out["train/logprob_mismatch"] = float(
             np.abs(batch.behaviour_logprobs[mask] - batch.old_logprobs[mask]).mean()
         )
         out["train/advantage_abs"] = float(np.abs(batch.advantages[mask]).mean())
+        if batch.returns is not None:
+            out["critic/return_mean"] = float(batch.returns[mask].mean())
+            out["critic/value_mean_before"] = float(batch.values[mask].mean())
         out["policy/version"] = self.version + 1
         return out
 

@@ -36,12 +36,26 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
+class Roles:
+    """Which optional pools a run starts besides rollout and learner."""
+
+    reference: bool = False  # a frozen reference policy (KL terms)
+    critic: bool = False  # a value model (PPO's GAE)
+
+    @classmethod
+    def for_rl(cls, cfg: TrainConfig) -> Roles:
+        """The pools ``cfg``'s algorithm needs (SFT uses ``Roles()``: none)."""
+        return cls(cfg.algorithm.uses_reference, cfg.algorithm.uses_critic)
+
+
+@dataclass(frozen=True)
 class Placement:
     """Resource requests for every pool of a run."""
 
     learner: ActorResources
     rollout: ActorResources
     reference: ActorResources | None
+    critic: ActorResources | None
 
 
 def thread_env(threads: int) -> dict:
@@ -52,7 +66,7 @@ def thread_env(threads: int) -> dict:
     return {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
 
 
-def _pools(cfg: TrainConfig, use_reference: bool) -> list[PoolSpec]:
+def _pools(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
     pools = [
         PoolSpec(
             "learner",
@@ -71,7 +85,7 @@ def _pools(cfg: TrainConfig, use_reference: bool) -> list[PoolSpec]:
             "rollout.num_cpus_per_worker",
         ),
     ]
-    if use_reference:
+    if roles.reference:
         pools.append(
             PoolSpec(
                 "reference",
@@ -82,17 +96,28 @@ def _pools(cfg: TrainConfig, use_reference: bool) -> list[PoolSpec]:
                 "reference.num_cpus",
             )
         )
+    if roles.critic:
+        pools.append(
+            PoolSpec(
+                "critic",
+                cfg.critic.world_size,
+                cfg.critic.num_cpus_per_rank,
+                cfg.critic.num_gpus_per_rank,
+                "critic.world_size",
+                "critic.num_cpus_per_rank",
+            )
+        )
     return pools
 
 
-def wants_gpus(cfg: TrainConfig, use_reference: bool) -> bool:
+def wants_gpus(cfg: TrainConfig, roles: Roles) -> bool:
     """Whether any pool of the run asks for GPUs."""
-    return any(pool.gpus > 0 for pool in _pools(cfg, use_reference))
+    return any(pool.gpus > 0 for pool in _pools(cfg, roles))
 
 
-def check_fits(cfg: TrainConfig, total_cpus: float, total_gpus: float, use_reference: bool) -> None:
+def check_fits(cfg: TrainConfig, total_cpus: float, total_gpus: float, roles: Roles) -> None:
     """Fail with the keys to change when the pools cannot fit the cluster."""
-    pools = _pools(cfg, use_reference)
+    pools = _pools(cfg, roles)
     for pool in pools:
         need = pool.count * pool.cpus
         if need > total_cpus + 1e-9:
@@ -121,9 +146,9 @@ def check_fits(cfg: TrainConfig, total_cpus: float, total_gpus: float, use_refer
             )
 
 
-def plan_placement(cfg: TrainConfig, use_reference: bool) -> Placement:
+def plan_placement(cfg: TrainConfig, roles: Roles) -> Placement:
     """Per-actor Ray requests for each pool (call ``check_fits`` first)."""
-    pools = {p.name: p for p in _pools(cfg, use_reference)}
+    pools = {p.name: p for p in _pools(cfg, roles)}
     share = len(pools) if cfg.placement.mode == "colocated" else 1
 
     def resources(pool: PoolSpec) -> ActorResources:
@@ -132,5 +157,6 @@ def plan_placement(cfg: TrainConfig, use_reference: bool) -> Placement:
     return Placement(
         learner=resources(pools["learner"]),
         rollout=resources(pools["rollout"]),
-        reference=resources(pools["reference"]) if use_reference else None,
+        reference=resources(pools["reference"]) if roles.reference else None,
+        critic=resources(pools["critic"]) if roles.critic else None,
     )

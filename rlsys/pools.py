@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import ray
 
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import plan_placement, thread_env
+from rlsys.placement import Roles, plan_placement, thread_env
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync import TRANSPORTS, SendResult, WeightTransport, WeightUpdate
 from rlsys.workers.learner import LearnerGroup
@@ -34,6 +34,7 @@ class Pools:
     reference: ray.actor.ActorHandle | None
     transport: WeightTransport
     bucket_bytes: int
+    critic: LearnerGroup | None = None
 
     def sync_weights(self, version: int) -> SendResult:
         """Send the learner's weights as ``version`` and load them into every engine.
@@ -64,6 +65,8 @@ class Pools:
     def shutdown(self) -> None:
         """Stop every actor; a failure in one pool does not leave the others running."""
         stops = [self.rollout.shutdown, self.learner.shutdown]
+        if self.critic is not None:
+            stops.append(self.critic.shutdown)
         if self.reference is not None:
             stops.append(lambda: ray.kill(self.reference))
         errors = []
@@ -77,20 +80,31 @@ class Pools:
 
 
 def start_pools(
-    cfg: TrainConfig, model_path: str, use_reference: bool, temperature: float | None = None
+    cfg: TrainConfig, model_path: str, roles: Roles, temperature: float | None = None
 ) -> Pools:
-    """Start rollout, learner and (optionally) reference actors on ``model_path``.
+    """Start rollout and learner actors on ``model_path``, and the reference and critic
+    ``roles`` asks for (the critic on ``critic.model_path``, default ``model_path``).
 
     Learner and reference log-probabilities use ``temperature`` (default: the rollout's
     sampling temperature, so they score what the engines sampled; SFT passes 1.0).
     """
-    placement = plan_placement(cfg, use_reference)
+    placement = plan_placement(cfg, roles)
     if temperature is None:
         temperature = cfg.rollout.temperature
     rollout = RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype)
     learner = LearnerGroup(cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature)
+    critic = None
+    if roles.critic:
+        critic = LearnerGroup(
+            cfg.critic,
+            placement.critic,
+            cfg.critic.model_path or model_path,
+            cfg.model.dtype,
+            temperature,
+            role="value",
+        )
     reference = None
-    if use_reference:
+    if roles.reference:
         res = placement.reference
         reference = ReferenceWorker.options(
             num_cpus=res.num_cpus, num_gpus=res.num_gpus, runtime_env=thread_env(res.threads)
@@ -109,6 +123,7 @@ def start_pools(
         reference,
         TRANSPORTS.get(cfg.weight_sync.transport)(cfg.weight_sync),
         int(cfg.weight_sync.bucket_mb * (1 << 20)),
+        critic,
     )
     try:
         pools.connect_weight_sync()

@@ -81,6 +81,8 @@ class TrainBatch:
     advantages: np.ndarray | None = None  # (B, T-1) float32
     old_logprobs: np.ndarray | None = None  # (B, T-1) float32, learner before this update
     ref_logprobs: np.ndarray | None = None  # (B, T-1) float32, frozen reference policy
+    values: np.ndarray | None = None  # (B, T-1) float32, critic values before this update
+    returns: np.ndarray | None = None  # (B, T-1) float32, the critic's regression targets
     rewards: np.ndarray | None = None  # (B,) float32
     versions: np.ndarray | None = None  # (B,) int64, policy version per sample
 

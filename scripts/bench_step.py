@@ -39,17 +39,18 @@ def main() -> int:
     from rlsys.data.tasks import load_task
     from rlsys.launch.local import connect_ray
     from rlsys.models.loading import load_tokenizer, resolve_model_path
+    from rlsys.placement import Roles
     from rlsys.pools import start_pools
     from rlsys.runtime import quiet_libraries
     from rlsys.tracking import Tracker
 
     quiet_libraries()
-    use_reference = cfg.algorithm.kl_coef > 0
-    connect_ray(cfg, use_reference)
+    roles = Roles.for_rl(cfg)
+    connect_ray(cfg, roles)
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path)
     task = load_task(cfg.task, cfg.run.seed)
-    pools = start_pools(cfg, path, use_reference)
+    pools = start_pools(cfg, path, roles)
     import tempfile
     from pathlib import Path
 

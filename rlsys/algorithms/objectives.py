@@ -1,8 +1,10 @@
 """Objectives: the per-token loss a learner minimises, built from the pure functions.
 
-An objective is a small picklable callable ``(logprobs, entropy, batch) -> (per_token_loss,
-metrics)``; the learner masks and aggregates. A new algorithm is a new objective (or
-advantage estimator) plus a preset, never a new trainer.
+An objective is a small picklable callable ``(outputs, batch) -> (per_token_loss, metrics)``:
+``outputs`` is what the model produced for a micro-batch (``logprobs`` and ``entropy`` for a
+policy, ``values`` for a critic), ``batch`` its tensors. The learner weighs the per-token loss
+with ``loss_weights(mask, objective.loss_agg, ...)`` and sums. A new algorithm is a new
+objective (or advantage estimator) plus a preset, never a new trainer.
 """
 
 from __future__ import annotations
@@ -11,37 +13,94 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.algorithms.losses import kl_estimate, nll_loss, ppo_clip_loss
+from rlsys.algorithms.kl import kl_estimate
+from rlsys.algorithms.losses import (
+    gspo_loss,
+    nll_loss,
+    policy_gradient_loss,
+    ppo_clip_loss,
+    value_loss,
+)
 
 Tensors = dict[str, torch.Tensor]
+POLICY_LOSSES = ("ppo_clip", "gspo", "vanilla")
 
 
 @dataclass(frozen=True)
-class PolicyGradientObjective:
-    """PPO-clip policy loss with an optional KL-to-reference term and entropy bonus."""
+class PolicyObjective:
+    """A policy loss (PPO clip, GSPO or vanilla PG), an optional KL-to-reference loss term
+    and an entropy bonus."""
 
+    policy_loss: str = "ppo_clip"  # one of POLICY_LOSSES
     clip_low: float = 0.2
     clip_high: float = 0.2
-    kl_coef: float = 0.0
+    dual_clip: float | None = None  # ppo_clip only
+    kl_coef: float = 0.0  # weight of the KL loss term (0: none; a reward penalty is not here)
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
+    loss_agg: str = "token_mean"  # see losses.loss_weights
+    loss_agg_norm: float | None = None  # seq_sum_norm's constant
 
-    def __call__(self, logprobs: torch.Tensor, entropy: torch.Tensor, batch: Tensors):
-        loss, metrics = ppo_clip_loss(
-            logprobs, batch["old_logprobs"], batch["advantages"], self.clip_low, self.clip_high
-        )
+    @property
+    def entropy_grad(self) -> bool:
+        """Whether the entropy needs a gradient (only for the bonus)."""
+        return self.entropy_coef > 0
+
+    def __call__(self, out: Tensors, batch: Tensors):
+        logprobs = out["logprobs"]
+        if self.policy_loss == "ppo_clip":
+            loss, metrics = ppo_clip_loss(
+                logprobs,
+                batch["old_logprobs"],
+                batch["advantages"],
+                self.clip_low,
+                self.clip_high,
+                self.dual_clip,
+            )
+        elif self.policy_loss == "gspo":
+            loss, metrics = gspo_loss(
+                logprobs,
+                batch["old_logprobs"],
+                batch["advantages"],
+                batch["loss_mask"],
+                self.clip_low,
+                self.clip_high,
+            )
+        elif self.policy_loss == "vanilla":
+            loss, metrics = policy_gradient_loss(logprobs, batch["advantages"])
+        else:
+            raise ValueError(
+                f"algorithm.policy_loss={self.policy_loss!r} is not one of {list(POLICY_LOSSES)}"
+            )
         if self.kl_coef > 0:
             kl = kl_estimate(logprobs, batch["ref_logprobs"], self.kl_estimator)
             loss = loss + self.kl_coef * kl
             metrics["kl_ref"] = kl.detach()
         if self.entropy_coef > 0:
-            loss = loss - self.entropy_coef * entropy
+            loss = loss - self.entropy_coef * out["entropy"]
         return loss, metrics
+
+
+@dataclass(frozen=True)
+class ValueObjective:
+    """The critic's clipped value regression onto the estimator's returns."""
+
+    clip: float | None = 0.2
+    loss_agg: str = "token_mean"
+    loss_agg_norm: float | None = None
+    entropy_grad: bool = False
+
+    def __call__(self, out: Tensors, batch: Tensors):
+        return value_loss(out["values"], batch["values"], batch["returns"], self.clip)
 
 
 @dataclass(frozen=True)
 class SFTObjective:
     """Negative log-likelihood of the response tokens."""
 
-    def __call__(self, logprobs: torch.Tensor, entropy: torch.Tensor, batch: Tensors):
-        return nll_loss(logprobs), {}
+    loss_agg: str = "token_mean"
+    loss_agg_norm: float | None = None
+    entropy_grad: bool = False
+
+    def __call__(self, out: Tensors, batch: Tensors):
+        return nll_loss(out["logprobs"]), {}

@@ -20,6 +20,7 @@ class MiniBatchPlan:
 
     micro_batches: list[np.ndarray]  # row indices per micro-batch (may be empty)
     global_tokens: float  # loss-mask tokens in this mini-batch over all ranks
+    global_seqs: float  # sequences with a loss-mask token in this mini-batch over all ranks
 
 
 def _equal_micro_batches(rank_rows: list[np.ndarray], rank: int, micro: int) -> list[np.ndarray]:
@@ -52,6 +53,7 @@ def train_plan(
         tokens = float(loss_mask[mini].sum())
         if tokens == 0:  # nothing to learn: no optimizer step (the same on every rank)
             continue
+        seqs = float((loss_mask[mini].sum(-1) > 0).sum())
         rank_rows = np.array_split(np.sort(mini), world_size)
-        plans.append(MiniBatchPlan(_equal_micro_batches(rank_rows, rank, micro), tokens))
+        plans.append(MiniBatchPlan(_equal_micro_batches(rank_rows, rank, micro), tokens, seqs))
     return plans

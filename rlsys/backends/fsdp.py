@@ -19,22 +19,31 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlsys.algorithms.losses import token_mean
+from rlsys.algorithms.losses import loss_weights
 from rlsys.backends.data_parallel import forward_plan, train_plan
 from rlsys.backends.schedule import lr_at
 from rlsys.config.schema import OptimConfig
 from rlsys.models.loading import load_model
 from rlsys.models.logprobs import greedy_next_tokens, token_logprobs
+from rlsys.models.value import load_value_model, token_values
 from rlsys.types import TrainBatch
 
 log = logging.getLogger(__name__)
 
-Objective = Callable[[torch.Tensor, torch.Tensor, dict], tuple[torch.Tensor, dict]]
-_TENSOR_FIELDS = ("advantages", "old_logprobs", "ref_logprobs", "behaviour_logprobs")
+Objective = Callable[[dict, dict], tuple[torch.Tensor, dict]]
+_TENSOR_FIELDS = (
+    "advantages",
+    "old_logprobs",
+    "ref_logprobs",
+    "behaviour_logprobs",
+    "values",
+    "returns",
+)
+ROLES = ("policy", "value")
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers"):
+    for path in ("model.layers", "backbone.layers", "transformer.h", "gpt_neox.layers"):
         node = model
         for attr in path.split("."):
             node = getattr(node, attr, None)
@@ -48,7 +57,8 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class FSDP2Backend:
-    """One rank of an FSDP2-sharded policy and its optimizer."""
+    """One rank of an FSDP2-sharded model and its optimizer: the policy (``role="policy"``,
+    log-probabilities) or a critic (``role="value"``, a value head on the same decoder)."""
 
     def __init__(
         self,
@@ -58,7 +68,11 @@ class FSDP2Backend:
         micro_batch_size: int,
         temperature: float,
         device: torch.device,
+        role: str = "policy",
     ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
+        self.role = role
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.model_path = model_path
         self.dtype = dtype
@@ -71,7 +85,8 @@ class FSDP2Backend:
         self.decay_steps: int | None = None  # set by set_lr; None: no decay (constant)
         self.schedule_start = 0
         self.last_lr = 0.0  # learning rate of the latest optimizer step
-        model = load_model(model_path, dtype).to(device)
+        loader = load_model if role == "policy" else load_value_model
+        model = loader(model_path, dtype).to(device)
         mesh = init_device_mesh(device.type, (self.world_size,))
         for layer in _decoder_layers(model):
             fully_shard(layer, mesh=mesh)
@@ -141,6 +156,21 @@ class FSDP2Backend:
             )[0],
         )
 
+    def forward_values(self, batch: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's rows and their (rows, T-1) values (critic only)."""
+        return self._map_rows(
+            batch, lambda t: token_values(self.model, t["input_ids"], t["attention_mask"])
+        )
+
+    def _outputs(self, t: dict[str, torch.Tensor], entropy_grad: bool) -> dict[str, torch.Tensor]:
+        """What the objective sees for one micro-batch."""
+        if self.role == "value":
+            return {"values": token_values(self.model, t["input_ids"], t["attention_mask"])}
+        logprobs, entropy = token_logprobs(
+            self.model, t["input_ids"], t["attention_mask"], self.temperature, entropy_grad
+        )
+        return {"logprobs": logprobs, "entropy": entropy}
+
     def greedy_tokens(self, batch: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
         """This rank's rows and the argmax next token at every position, (rows, T-1)."""
         return self._map_rows(
@@ -173,16 +203,25 @@ class FSDP2Backend:
                 self.optimizer.zero_grad(set_to_none=True)
                 for rows in plan.micro_batches:
                     t = self._tensors(batch, rows)
-                    logprobs, entropy = token_logprobs(
-                        self.model, t["input_ids"], t["attention_mask"], self.temperature
-                    )
-                    per_token, metrics = objective(logprobs, entropy, t)
+                    out = self._outputs(t, objective.entropy_grad)
+                    per_token, metrics = objective(out, t)
                     mask = t["loss_mask"]
-                    loss = token_mean(per_token, mask, plan.global_tokens) * self.world_size
+                    weights = loss_weights(
+                        mask,
+                        objective.loss_agg,
+                        plan.global_tokens,
+                        plan.global_seqs,
+                        objective.loss_agg_norm,
+                    )
+                    # FSDP averages gradients over ranks; the loss is a global sum.
+                    loss = (per_token * weights).sum() * self.world_size
                     loss.backward()
                     with torch.no_grad():
                         sums["loss"] += float((per_token * mask).sum())
-                        sums["entropy"] += float((entropy * mask).sum())
+                        if "entropy" in out:
+                            sums["entropy"] += float((out["entropy"] * mask).sum())
+                        if "values" in out:
+                            sums["values"] += float((out["values"] * mask).sum())
                         for name, value in metrics.items():
                             sums[name] += float((value * mask).sum())
                         tokens += float(mask.sum())

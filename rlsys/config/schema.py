@@ -252,18 +252,18 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
-    def __post_init__(self) -> None:
-        _positive("learner.optim.lr", self.lr)
-        _non_negative("learner.optim.warmup_steps", self.warmup_steps)
-        _one_of("learner.optim.schedule", self.schedule, ("cosine", "constant"))
+    def check(self, prefix: str) -> None:
+        """Validate, naming keys under ``prefix`` (the config that owns this optimizer)."""
+        _positive(f"{prefix}.lr", self.lr)
+        _non_negative(f"{prefix}.warmup_steps", self.warmup_steps)
+        _one_of(f"{prefix}.schedule", self.schedule, ("cosine", "constant"))
         if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"learner.optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        _non_negative("learner.optim.weight_decay", self.weight_decay)
-        _non_negative("learner.optim.grad_clip", self.grad_clip)
+            raise ConfigError(f"{prefix}.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        _non_negative(f"{prefix}.weight_decay", self.weight_decay)
+        _non_negative(f"{prefix}.grad_clip", self.grad_clip)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(
-                f"learner.optim.betas={list(self.betas)} must be two numbers in [0, 1), "
-                "e.g. [0.9, 0.99]"
+                f"{prefix}.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]"
             )
 
 
@@ -281,39 +281,154 @@ class LearnerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)  # see OptimConfig
 
     def __post_init__(self) -> None:
-        _one_of("learner.backend", self.backend, ("fsdp2",))
-        _positive("learner.world_size", self.world_size)
-        _positive("learner.num_cpus_per_rank", self.num_cpus_per_rank)
-        _non_negative("learner.num_gpus_per_rank", self.num_gpus_per_rank)
-        _positive("learner.num_mini_batches", self.num_mini_batches)
-        _positive("learner.ppo_epochs", self.ppo_epochs)
-        _positive("learner.micro_batch_size", self.micro_batch_size)
+        self.check("learner")
+
+    def check(self, prefix: str) -> None:
+        """Validate, naming keys under ``prefix`` (learner, or critic for a value model)."""
+        _one_of(f"{prefix}.backend", self.backend, ("fsdp2",))
+        _positive(f"{prefix}.world_size", self.world_size)
+        _positive(f"{prefix}.num_cpus_per_rank", self.num_cpus_per_rank)
+        _non_negative(f"{prefix}.num_gpus_per_rank", self.num_gpus_per_rank)
+        _positive(f"{prefix}.num_mini_batches", self.num_mini_batches)
+        _positive(f"{prefix}.ppo_epochs", self.ppo_epochs)
+        _positive(f"{prefix}.micro_batch_size", self.micro_batch_size)
+        self.optim.check(f"{prefix}.optim")
+
+
+@dataclass
+class CriticConfig(LearnerConfig):
+    """The critic (value model) of PPO, started when ``algorithm.advantage=gae``: a learner
+    group of its own (same fields as ``learner``) on a value head over the policy's decoder."""
+
+    world_size: int = 1  # critic ranks (data parallel, FSDP-sharded)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=0))
+    model_path: str | None = None  # null: the policy's starting weights, with a fresh head
+    value_clip: float | None = 0.2  # clip of the value loss around the old values (null: none)
+    pretrain_steps: int = 0  # RL steps at the start that train the critic only (policy frozen)
+
+    def __post_init__(self) -> None:
+        self.check("critic")
+        if self.value_clip is not None:
+            _positive("critic.value_clip", self.value_clip)
+        _non_negative("critic.pretrain_steps", self.pretrain_steps)
+
+
+ADVANTAGE_ESTIMATORS = (
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "remax",
+    "gae",
+)
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 
 
 @dataclass
 class AlgorithmConfig:
-    """Advantage estimator, policy loss and regularisers."""
+    """Advantage estimator, policy loss, loss aggregation, KL and DAPO's sampling and shaping.
+
+    The presets in conf/algorithm/ set these together (ppo, grpo, dr_grpo, dapo, gspo, rloo,
+    reinforce_pp, reinforce_pp_baseline, remax); docs/algorithms.md says what each one is.
+    """
 
     name: str = "grpo"  # label for logs and presets
-    advantage: str = "grpo"  # advantage estimator from rlsys.algorithms
-    normalize_std: bool = True  # GRPO: divide by the group's reward std
-    clip_eps: float = 0.2  # PPO ratio clip (low side)
+    # grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a critic)
+    advantage: str = "grpo"
+    normalize_std: bool = True  # grpo: divide by the group's reward std
+    gamma: float = 1.0  # discount of gae, reinforce_pp and the KL-penalty reward-to-go
+    lam: float = 0.95  # GAE lambda (bias-variance trade-off of the critic's advantages)
+    whiten_advantages: bool = False  # normalise advantages over the batch's tokens (PPO)
+    policy_loss: str = "ppo_clip"  # ppo_clip | gspo (sequence-level ratio) | vanilla (REINFORCE)
+    clip_eps: float = 0.2  # ratio clip (low side); GSPO uses ~3e-4 (a sequence-level ratio)
     # Clip-higher (DAPO): a wider upper range lets unlikely tokens with positive advantage
     # grow, which keeps exploration alive; null makes the range symmetric (= clip_eps).
     clip_eps_high: float | None = 0.28
-    kl_coef: float = 0.0  # > 0 starts a reference worker and adds a KL loss term
+    dual_clip: float | None = None  # ppo_clip: bound negative-advantage losses at c * |A| (c > 1)
+    # How per-token losses become one number: token_mean | seq_mean_token_sum |
+    # seq_mean_token_mean | seq_sum_norm (Dr.GRPO: token sum / loss_agg_norm, mean over sequences)
+    loss_agg: str = "token_mean"
+    loss_agg_norm: int | None = None  # seq_sum_norm's constant; null: the task's max_new_tokens
+    kl_coef: float = 0.0  # > 0 starts a reference worker and penalises KL(policy || reference)
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's low-variance estimator)
+    kl_penalty: str = "loss"  # "loss": a loss term; "reward": subtracted from token rewards
+    kl_target: float | None = None  # adaptive coefficient (Ziegler 2019): target KL per sequence
+    kl_horizon: int = 10000  # adaptive coefficient: samples over which it moves by up to 20%
     entropy_coef: float = 0.0  # > 0 adds an entropy bonus to the loss
     filter_uniform_groups: bool = True  # drop groups whose rewards are all equal (no signal)
+    # DAPO dynamic sampling: after filtering, keep generating new prompts until
+    # data.batch_size groups have signal, for at most max_sampling_rounds generations a step.
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    # DAPO soft overlong punishment: the last overlong_buffer_frac of the generation budget
+    # costs up to overlong_penalty reward (0: off; DAPO used 4096 of 20480 tokens = 0.2).
+    overlong_buffer_frac: float = 0.0
+    overlong_penalty: float = 1.0
+    overlong_filter: bool = False  # DAPO overlong filtering: truncated samples get no loss
 
     def __post_init__(self) -> None:
-        _one_of("algorithm.advantage", self.advantage, ("grpo",))
+        _one_of("algorithm.advantage", self.advantage, ADVANTAGE_ESTIMATORS)
+        _one_of("algorithm.policy_loss", self.policy_loss, ("ppo_clip", "gspo", "vanilla"))
+        _one_of(
+            "algorithm.loss_agg",
+            self.loss_agg,
+            ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_sum_norm"),
+        )
         _one_of("algorithm.kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+        _one_of("algorithm.kl_penalty", self.kl_penalty, ("loss", "reward"))
         _positive("algorithm.clip_eps", self.clip_eps)
         if self.clip_eps_high is not None:
             _positive("algorithm.clip_eps_high", self.clip_eps_high)
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ConfigError(
+                f"algorithm.dual_clip={self.dual_clip} must be > 1 (3.0 is usual) or null"
+            )
+        if self.dual_clip is not None and self.policy_loss != "ppo_clip":
+            raise ConfigError(
+                f"algorithm.dual_clip applies to algorithm.policy_loss=ppo_clip, not "
+                f"{self.policy_loss}; set algorithm.dual_clip=null"
+            )
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"algorithm.gamma={self.gamma} must be in (0, 1]")
+        if not 0 <= self.lam <= 1:
+            raise ConfigError(f"algorithm.lam={self.lam} must be in [0, 1]")
+        if self.loss_agg_norm is not None:
+            _positive("algorithm.loss_agg_norm", self.loss_agg_norm)
         _non_negative("algorithm.kl_coef", self.kl_coef)
+        if self.kl_target is not None:
+            _positive("algorithm.kl_target", self.kl_target)
+            if self.kl_coef == 0:
+                raise ConfigError(
+                    "algorithm.kl_target adapts algorithm.kl_coef, which is 0; set "
+                    "algorithm.kl_coef to a starting value (e.g. 0.05) or kl_target=null"
+                )
+        _positive("algorithm.kl_horizon", self.kl_horizon)
         _non_negative("algorithm.entropy_coef", self.entropy_coef)
+        if not 1 <= self.max_sampling_rounds <= 100:
+            raise ConfigError(
+                f"algorithm.max_sampling_rounds={self.max_sampling_rounds} must be in [1, 100]"
+            )
+        if self.dynamic_sampling and not self.filter_uniform_groups:
+            raise ConfigError(
+                "algorithm.dynamic_sampling=true refills the groups that "
+                "algorithm.filter_uniform_groups drops; set algorithm.filter_uniform_groups=true"
+            )
+        if not 0 <= self.overlong_buffer_frac < 1:
+            raise ConfigError(
+                f"algorithm.overlong_buffer_frac={self.overlong_buffer_frac} must be in [0, 1)"
+            )
+        _non_negative("algorithm.overlong_penalty", self.overlong_penalty)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a frozen reference policy is needed (any KL term)."""
+        return self.kl_coef > 0
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the estimator needs a value model."""
+        return self.advantage == "gae"
 
 
 @dataclass
@@ -381,12 +496,17 @@ class TrainerConfig:
     total_steps: int = 400  # RL steps (one batch each)
     eval_every: int = 25  # greedy held-out eval every K steps (0: only before and after)
     max_wall_s: float | None = None  # stop early (with a final eval) after this many seconds
+    # Stop early (with a final eval) once this many samples were generated for training:
+    # compares algorithms at one sample budget (DAPO's dynamic sampling draws extra).
+    max_samples: int | None = None
 
     def __post_init__(self) -> None:
         _positive("trainer.total_steps", self.total_steps)
         _non_negative("trainer.eval_every", self.eval_every)
         if self.max_wall_s is not None:
             _positive("trainer.max_wall_s", self.max_wall_s)
+        if self.max_samples is not None:
+            _positive("trainer.max_samples", self.max_samples)
 
 
 @dataclass
@@ -458,6 +578,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
@@ -480,10 +601,11 @@ class TrainConfig:
                 f"sft.eval_prompts={self.sft.eval_prompts} exceeds task.eval_size="
                 f"{self.task.eval_size}; lower sft.eval_prompts"
             )
-        if self.algorithm.advantage == "grpo" and self.rollout.n_samples < 2:
+        if self.algorithm.advantage in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
             raise ConfigError(
-                f"rollout.n_samples={self.rollout.n_samples}: group-relative advantages need at "
-                "least 2 samples per prompt; set rollout.n_samples=2 or more"
+                f"rollout.n_samples={self.rollout.n_samples}: algorithm.advantage="
+                f"{self.algorithm.advantage} compares the samples of a prompt and needs at "
+                "least 2; set rollout.n_samples=2 or more"
             )
         if self.weight_sync.transport == "cuda_ipc" and not (
             self.learner.num_gpus_per_rank > 0
@@ -496,10 +618,14 @@ class TrainConfig:
                 "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
             )
         samples = self.data.batch_size * self.rollout.n_samples
-        needed = self.learner.world_size * self.learner.num_mini_batches
-        if samples < needed:
-            raise ConfigError(
-                f"data.batch_size * rollout.n_samples = {samples} samples cannot feed "
-                f"learner.world_size * learner.num_mini_batches = {needed} mini-batch shards; "
-                "raise data.batch_size or lower learner.num_mini_batches"
-            )
+        groups = [("learner", self.learner)]
+        if self.algorithm.uses_critic:
+            groups.append(("critic", self.critic))
+        for key, group in groups:
+            needed = group.world_size * group.num_mini_batches
+            if samples < needed:
+                raise ConfigError(
+                    f"data.batch_size * rollout.n_samples = {samples} samples cannot feed "
+                    f"{key}.world_size * {key}.num_mini_batches = {needed} mini-batch shards; "
+                    f"raise data.batch_size or lower {key}.num_mini_batches"
+                )

@@ -6,7 +6,7 @@ import os
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import ClusterConfig, TrainConfig
-from rlsys.placement import check_fits, wants_gpus
+from rlsys.placement import Roles, check_fits, wants_gpus
 
 
 def _local_gpus(cluster: ClusterConfig) -> int:
@@ -23,7 +23,7 @@ def _local_gpus(cluster: ClusterConfig) -> int:
         return 0
 
 
-def preflight(cfg: TrainConfig, use_reference: bool) -> None:
+def preflight(cfg: TrainConfig, roles: Roles) -> None:
     """Checks that need the registries or the machine, before anything starts: the reward
     function exists and, for a local Ray, the pools fit this machine."""
     from rlsys.rewards import REWARDS
@@ -36,11 +36,11 @@ def preflight(cfg: TrainConfig, use_reference: bool) -> None:
     if cfg.cluster.address is not None:
         return
     cpus = cfg.cluster.num_cpus or os.cpu_count() or 1
-    gpus = _local_gpus(cfg.cluster) if wants_gpus(cfg, use_reference) else 0
-    check_fits(cfg, cpus, gpus, use_reference)
+    gpus = _local_gpus(cfg.cluster) if wants_gpus(cfg, roles) else 0
+    check_fits(cfg, cpus, gpus, roles)
 
 
-def connect_ray(cfg: TrainConfig, use_reference: bool) -> None:
+def connect_ray(cfg: TrainConfig, roles: Roles) -> None:
     """Start a local Ray (or join ``cluster.address``) and check the pools fit it."""
     import ray
 
@@ -67,4 +67,4 @@ def connect_ray(cfg: TrainConfig, use_reference: bool) -> None:
         else:
             ray.init(address=cfg.cluster.address, **kwargs)
     resources = ray.cluster_resources()
-    check_fits(cfg, resources.get("CPU", 0), resources.get("GPU", 0), use_reference)
+    check_fits(cfg, resources.get("CPU", 0), resources.get("GPU", 0), roles)

@@ -46,6 +46,7 @@ class LearnerWorker:
         dtype: str,
         cfg: LearnerConfig,
         temperature: float,
+        role: str = "policy",
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -62,11 +63,14 @@ class LearnerWorker:
             world_size=self.world_size,
         )
         self.backend = FSDP2Backend(
-            model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device
+            model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role
         )
 
     def forward_logprobs(self, batch: TrainBatch):
         return self.backend.forward_logprobs(batch)
+
+    def forward_values(self, batch: TrainBatch):
+        return self.backend.forward_values(batch)
 
     def greedy_tokens(self, batch: TrainBatch):
         return self.backend.greedy_tokens(batch)
@@ -114,7 +118,8 @@ class LearnerWorker:
 
 
 class LearnerGroup:
-    """``world_size`` learner ranks driven as one: every call goes to every rank."""
+    """``world_size`` learner ranks driven as one: every call goes to every rank. The policy
+    learner has ``role="policy"``; a critic is a learner group with ``role="value"``."""
 
     def __init__(
         self,
@@ -123,6 +128,7 @@ class LearnerGroup:
         model_path: str,
         dtype: str,
         temperature: float,
+        role: str = "policy",
     ) -> None:
         self.cfg = cfg
         self.workers = [
@@ -135,7 +141,10 @@ class LearnerGroup:
         ]
         addr, port = ray.get(self.workers[0].address.remote())
         ray.get(
-            [w.setup.remote(addr, port, model_path, dtype, cfg, temperature) for w in self.workers]
+            [
+                w.setup.remote(addr, port, model_path, dtype, cfg, temperature, role)
+                for w in self.workers
+            ]
         )
 
     def _gather_rows(self, method: str, batch: TrainBatch, dtype) -> np.ndarray:
@@ -149,6 +158,10 @@ class LearnerGroup:
     def forward_logprobs(self, batch: TrainBatch) -> np.ndarray:
         """(B, T-1) log-probabilities of ``batch`` under the current policy."""
         return self._gather_rows("forward_logprobs", batch, np.float32)
+
+    def forward_values(self, batch: TrainBatch) -> np.ndarray:
+        """(B, T-1) critic values of ``batch`` (a ``role="value"`` group)."""
+        return self._gather_rows("forward_values", batch, np.float32)
 
     def greedy_tokens(self, batch: TrainBatch) -> np.ndarray:
         """(B, T-1) argmax next tokens under the current policy."""

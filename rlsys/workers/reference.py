@@ -43,8 +43,9 @@ class ReferenceWorker:
         chunks = []
         with torch.no_grad():
             for start in range(0, len(batch), self.micro):
-                ids = torch.from_numpy(batch.input_ids[start : start + self.micro])
-                mask = torch.from_numpy(batch.attention_mask[start : start + self.micro])
+                # torch.tensor copies: arrays from Ray's object store are read-only
+                ids = torch.tensor(batch.input_ids[start : start + self.micro])
+                mask = torch.tensor(batch.attention_mask[start : start + self.micro])
                 logprobs, _ = token_logprobs(
                     self.model, ids.to(self.device), mask.to(self.device), self.temperature
                 )

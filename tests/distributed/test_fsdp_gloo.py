@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rlsys.algorithms.objectives import PolicyGradientObjective, SFTObjective
+from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
 from rlsys.config.schema import OptimConfig
 from rlsys.data.collate import pack
 
@@ -38,10 +38,12 @@ def _batch(model_dir: str):
     batch.advantages = (
         rng.standard_normal(len(prompts)).astype(np.float32)[:, None] * batch.loss_mask
     )
+    batch.values = np.zeros_like(batch.loss_mask)
+    batch.returns = batch.advantages.copy()
     return batch
 
 
-def _worker(rank, world_size, port, model_dir, objective, bucket_bytes, out_dir):
+def _worker(rank, world_size, port, model_dir, objective, bucket_bytes, out_dir, role):
     import torch.distributed as dist
 
     from rlsys.backends.fsdp import FSDP2Backend
@@ -57,9 +59,11 @@ def _worker(rank, world_size, port, model_dir, objective, bucket_bytes, out_dir)
         micro_batch_size=2,
         temperature=1.0,
         device=torch.device("cpu"),
+        role=role,
     )
     batch = _batch(model_dir)
-    rows, logprobs = backend.forward_logprobs(batch)
+    forward = backend.forward_logprobs if role == "policy" else backend.forward_values
+    rows, logprobs = forward(batch)
     metrics = backend.train_step(batch, objective, num_mini_batches=2, epochs=1, seed=0)
     buckets = list(backend.iter_weight_buckets(bucket_bytes))
     if rank == 0:
@@ -80,12 +84,12 @@ def _worker(rank, world_size, port, model_dir, objective, bucket_bytes, out_dir)
     dist.destroy_process_group()
 
 
-def _run(world_size, model_dir, objective, tmp_path, bucket_bytes=1 << 30):
+def _run(world_size, model_dir, objective, tmp_path, bucket_bytes=1 << 30, role="policy"):
     out = tmp_path / f"ws{world_size}"
     out.mkdir()
     mp.spawn(
         _worker,
-        args=(world_size, _port(), model_dir, objective, bucket_bytes, str(out)),
+        args=(world_size, _port(), model_dir, objective, bucket_bytes, str(out), role),
         nprocs=world_size,
         join=True,
     )
@@ -97,12 +101,22 @@ def _run(world_size, model_dir, objective, tmp_path, bucket_bytes=1 << 30):
     return result, logprobs
 
 
-@pytest.mark.parametrize(
-    "objective", [SFTObjective(), PolicyGradientObjective()], ids=["sft", "ppo"]
-)
-def test_two_ranks_train_exactly_like_one(tiny_model_dir, tmp_path, objective):
-    one, lp1 = _run(1, tiny_model_dir, objective, tmp_path)
-    two, lp2 = _run(2, tiny_model_dir, objective, tmp_path)
+OBJECTIVES = {
+    "sft": (SFTObjective(), "policy"),
+    "ppo": (PolicyObjective(dual_clip=3.0), "policy"),
+    "gspo": (PolicyObjective("gspo", 3e-4, 4e-4, loss_agg="seq_mean_token_mean"), "policy"),
+    "dr_grpo": (PolicyObjective(loss_agg="seq_sum_norm", loss_agg_norm=8.0), "policy"),
+    "critic": (ValueObjective(clip=0.2), "value"),
+}
+
+
+@pytest.mark.parametrize("case", list(OBJECTIVES))
+def test_two_ranks_train_exactly_like_one(tiny_model_dir, tmp_path, case):
+    """Every loss aggregation (token mean, sequence means, constant normaliser) and the critic
+    give one process's loss, gradient and update when sharded over 2 ranks."""
+    objective, role = OBJECTIVES[case]
+    one, lp1 = _run(1, tiny_model_dir, objective, tmp_path, role=role)
+    two, lp2 = _run(2, tiny_model_dir, objective, tmp_path, role=role)
     np.testing.assert_allclose(lp1, lp2, atol=1e-5)  # sharded forward == unsharded
     assert one["metrics"]["trained_tokens"] == two["metrics"]["trained_tokens"]
     assert one["metrics"]["loss"] == pytest.approx(two["metrics"]["loss"], rel=1e-4)
@@ -117,8 +131,10 @@ def test_two_ranks_train_exactly_like_one(tiny_model_dir, tmp_path, objective):
             msg=f"parameter {name} differs after one step",
         )
     from rlsys.models.loading import load_model
+    from rlsys.models.value import load_value_model
 
-    before = load_model(tiny_model_dir).state_dict()
+    loader = load_model if role == "policy" else load_value_model
+    before = loader(tiny_model_dir).state_dict()
     moved = [n for n, t in one["state"].items() if not torch.equal(t, before[n])]
     assert len(moved) == len(one["state"])  # every parameter was trained
 

@@ -8,18 +8,9 @@ from rlsys.config.loader import load_config
 from rlsys.controller import Controller
 from rlsys.data.tasks import load_task
 from rlsys.models.loading import load_tokenizer
+from rlsys.placement import Roles
 from rlsys.pools import start_pools
-from rlsys.rewards import REWARDS
 from rlsys.tracking import Tracker
-
-
-def digit_fraction(prompt: str, completion: str, metadata: dict) -> float:
-    """A dense reward a random model already earns sometimes: the share of digits."""
-    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
-
-
-if "digit_fraction" not in REWARDS.names():
-    REWARDS.register("digit_fraction")(digit_fraction)
 
 
 def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(
@@ -42,7 +33,7 @@ def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(
     )
     tok = load_tokenizer(tiny_model_dir)
     task = load_task(cfg.task, seed=0)
-    pools = start_pools(cfg, tiny_model_dir, use_reference=True)
+    pools = start_pools(cfg, tiny_model_dir, Roles(reference=True))
     tracker = Tracker(tmp_path, cfg.tracking, "t", {}, cfg.trainer.total_steps)
     try:
         summary = Controller(cfg, pools, tok, task, tracker).run()

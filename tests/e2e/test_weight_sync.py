@@ -14,6 +14,7 @@ from rlsys.config.loader import load_config
 from rlsys.data.collate import pack
 from rlsys.data.tasks import load_task
 from rlsys.models.loading import load_tokenizer
+from rlsys.placement import Roles
 from rlsys.pools import start_pools
 from rlsys.types import SamplingParams
 
@@ -47,7 +48,7 @@ def test_engines_match_learner_greedy_after_each_sync(
     )
     tok = load_tokenizer(tiny_model_dir)
     task = load_task(cfg.task, seed=0)
-    pools = start_pools(cfg, tiny_model_dir, use_reference=False)
+    pools = start_pools(cfg, tiny_model_dir, Roles())
     try:
         fixed = [tok.encode(p.text, add_special_tokens=False) for p in task.eval[:24]]
         train = task.train[:64]

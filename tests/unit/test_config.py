@@ -7,7 +7,7 @@ import pytest
 from rlsys.config import ConfigError
 from rlsys.config.loader import conf_dir, load_config, to_yaml
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import check_fits, plan_placement
+from rlsys.placement import Roles, check_fits, plan_placement
 
 
 def _presets() -> list[str]:
@@ -77,6 +77,30 @@ def test_override_changes_value_and_roundtrips_to_yaml():
             "rollout.engine=vllm rollout.num_gpus_per_worker=1 rollout.vllm.tensor_parallel_size=2",
             "tensor_parallel_size",
         ),
+        ("algorithm.advantage=a2c", "algorithm.advantage"),
+        ("algorithm.policy_loss=trpo", "algorithm.policy_loss"),
+        ("algorithm.loss_agg=median", "algorithm.loss_agg"),
+        ("algorithm.dual_clip=0.5", "algorithm.dual_clip"),
+        ("algorithm.policy_loss=gspo algorithm.dual_clip=3", "algorithm.dual_clip=null"),
+        ("algorithm.kl_target=0.1", "algorithm.kl_coef"),
+        ("algorithm.kl_penalty=both", "algorithm.kl_penalty"),
+        ("algorithm.gamma=0", "algorithm.gamma"),
+        ("algorithm.lam=1.5", "algorithm.lam"),
+        (
+            "algorithm.dynamic_sampling=true algorithm.filter_uniform_groups=false",
+            "algorithm.filter_uniform_groups=true",
+        ),
+        ("algorithm.max_sampling_rounds=0", "algorithm.max_sampling_rounds"),
+        ("algorithm.overlong_buffer_frac=1.0", "algorithm.overlong_buffer_frac"),
+        ("algorithm=rloo rollout.n_samples=1", "algorithm.advantage=rloo"),
+        ("critic.optim.lr=-1", "critic.optim.lr"),
+        ("critic.world_size=0", "critic.world_size"),
+        ("critic.value_clip=-0.1", "critic.value_clip"),
+        (
+            "algorithm=ppo data.batch_size=1 rollout.n_samples=2 critic.num_mini_batches=4",
+            "critic.num_mini_batches",
+        ),
+        ("trainer.max_samples=0", "trainer.max_samples"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):
@@ -93,16 +117,21 @@ def test_batch_must_feed_every_rank_and_mini_batch():
 def test_pools_must_fit_the_cluster():
     cfg = load_config(["learner.world_size=4"])
     with pytest.raises(ConfigError, match="learner.world_size=4"):
-        check_fits(cfg, total_cpus=2, total_gpus=0, use_reference=False)
-    check_fits(load_config(["learner.world_size=4", "learner.num_cpus_per_rank=0.5"]), 2, 0, False)
+        check_fits(cfg, total_cpus=2, total_gpus=0, roles=Roles())
+    check_fits(
+        load_config(["learner.world_size=4", "learner.num_cpus_per_rank=0.5"]), 2, 0, Roles()
+    )
+    ppo = load_config(["algorithm=ppo", "critic.world_size=3"])
+    with pytest.raises(ConfigError, match="critic.world_size=3"):
+        check_fits(ppo, total_cpus=2, total_gpus=0, roles=Roles.for_rl(ppo))
     disagg = load_config(["placement=disaggregated"])
     with pytest.raises(ConfigError, match="placement.mode=disaggregated"):
-        check_fits(disagg, total_cpus=2, total_gpus=0, use_reference=False)
+        check_fits(disagg, total_cpus=2, total_gpus=0, roles=Roles())
 
 
 def test_colocated_pools_split_their_share_of_the_cpus():
     cfg = load_config([])
-    placement = plan_placement(cfg, use_reference=True)
+    placement = plan_placement(cfg, roles=Roles(reference=True))
     total = (
         cfg.learner.world_size * placement.learner.num_cpus
         + cfg.rollout.num_workers * placement.rollout.num_cpus
@@ -110,5 +139,9 @@ def test_colocated_pools_split_their_share_of_the_cpus():
     )
     assert total <= 2.0
     assert placement.learner.threads == 1 and placement.rollout.threads == 2
-    disagg = plan_placement(load_config(["placement=disaggregated"]), use_reference=False)
+    ppo = load_config(["algorithm=ppo"])
+    shared = plan_placement(ppo, Roles.for_rl(ppo))  # learner, rollout, reference, critic
+    assert shared.critic.num_cpus == ppo.critic.num_cpus_per_rank / 4
+    assert shared.reference.num_cpus == ppo.reference.num_cpus / 4
+    disagg = plan_placement(load_config(["placement=disaggregated"]), roles=Roles())
     assert disagg.rollout.num_cpus == cfg.rollout.num_cpus_per_worker

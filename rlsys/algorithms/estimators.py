@@ -1,0 +1,114 @@
+"""The advantage registry: each entry turns a batch's rewards (and values) into per-token
+advantages using the pure functions of ``advantages``.
+
+Outcome estimators (grpo, dr_grpo, rloo, remax) give one scalar per sequence; when the KL is
+a reward penalty, each token also gets the reward-to-go of the penalty that follows it, so
+the penalty reaches the tokens that caused it. Token estimators (reinforce_pp, gae) fold the
+penalty into their token rewards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlsys.algorithms import advantages as A
+from rlsys.registry import Registry
+
+
+@dataclass
+class AdvantageInputs:
+    """What an estimator may use. Rows are ordered by group: ``group_size`` consecutive rows
+    are the samples of one prompt."""
+
+    rewards: np.ndarray  # (B,) outcome rewards after shaping
+    mask: np.ndarray  # (B, T-1) 1 on trained response tokens
+    group_size: int  # samples per prompt
+    kl_penalty: np.ndarray | None = None  # (B, T-1) coef * KL per token, when a reward penalty
+    values: np.ndarray | None = None  # (B, T-1) critic values (gae)
+    baseline_rewards: np.ndarray | None = None  # (B,) reward of the prompt's greedy reply (remax)
+    gamma: float = 1.0  # discount (gae, reinforce_pp and the KL reward-to-go)
+    lam: float = 0.95  # GAE lambda
+    normalize_std: bool = True  # grpo: divide by the group's reward std
+
+
+@dataclass
+class Advantages:
+    """An estimator's output: (B, T-1) advantages, and value targets for a critic."""
+
+    advantages: np.ndarray
+    returns: np.ndarray | None = None
+
+
+Estimator = Callable[[AdvantageInputs], Advantages]
+ADVANTAGES: Registry = Registry("advantage estimator", "algorithm.advantage")
+# Estimators that need a critic / a greedy baseline rollout; the controller starts those.
+NEEDS_CRITIC = frozenset({"gae"})
+NEEDS_GREEDY_BASELINE = frozenset({"remax"})
+
+
+def _groups(x: AdvantageInputs) -> np.ndarray:
+    if len(x.rewards) % x.group_size:
+        raise ValueError(
+            f"{len(x.rewards)} rewards do not split into groups of {x.group_size} samples"
+        )
+    return np.asarray(x.rewards, np.float64).reshape(-1, x.group_size)
+
+
+def _token_rewards(x: AdvantageInputs, outcome: np.ndarray) -> np.ndarray:
+    rewards = A.last_token_rewards(outcome, x.mask)
+    if x.kl_penalty is not None:
+        rewards = rewards - x.kl_penalty
+    return rewards
+
+
+def _per_token(x: AdvantageInputs, scalar: np.ndarray) -> Advantages:
+    """Broadcast a per-sequence advantage over its tokens, plus the KL penalty's reward-to-go."""
+    adv = np.asarray(scalar, np.float64).reshape(-1, 1) * (x.mask > 0)
+    if x.kl_penalty is not None:
+        adv = adv + A.discounted_returns(-x.kl_penalty, x.mask, x.gamma)
+    return Advantages(adv.astype(np.float32))
+
+
+@ADVANTAGES.register("grpo")
+def grpo(x: AdvantageInputs) -> Advantages:
+    return _per_token(x, A.grpo_advantages(_groups(x), normalize_std=x.normalize_std))
+
+
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo(x: AdvantageInputs) -> Advantages:
+    return _per_token(x, A.dr_grpo_advantages(_groups(x)))
+
+
+@ADVANTAGES.register("rloo")
+def rloo(x: AdvantageInputs) -> Advantages:
+    return _per_token(x, A.rloo_advantages(_groups(x)))
+
+
+@ADVANTAGES.register("remax")
+def remax(x: AdvantageInputs) -> Advantages:
+    if x.baseline_rewards is None:
+        raise ValueError("remax needs the greedy baseline rewards (baseline_rewards)")
+    return _per_token(x, A.remax_advantages(x.rewards, x.baseline_rewards))
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp(x: AdvantageInputs) -> Advantages:
+    return Advantages(A.reinforce_pp_advantages(_token_rewards(x, x.rewards), x.mask, x.gamma))
+
+
+@ADVANTAGES.register("reinforce_pp_baseline")
+def reinforce_pp_baseline(x: AdvantageInputs) -> Advantages:
+    """REINFORCE++ with baseline: the group mean reward is subtracted before the returns."""
+    centred = A.dr_grpo_advantages(_groups(x)).reshape(-1)
+    return Advantages(A.reinforce_pp_advantages(_token_rewards(x, centred), x.mask, x.gamma))
+
+
+@ADVANTAGES.register("gae")
+def gae(x: AdvantageInputs) -> Advantages:
+    if x.values is None:
+        raise ValueError("gae needs critic values (values)")
+    adv, returns = A.gae_advantages(_token_rewards(x, x.rewards), x.values, x.mask, x.gamma, x.lam)
+    return Advantages(adv, returns)
