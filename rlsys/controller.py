@@ -170,7 +170,7 @@ class Controller:
             generated += groups
             for group in groups:
                 self.buffer.put(group, self.version)
-            if len(self.buffer) >= self.cfg.data.batch_size:
+            if len(self.buffer) >= self.cfg.data.batch_size or self._sample_budget_spent(generated):
                 break
         if algo.dynamic_sampling and len(self.buffer) < self.cfg.data.batch_size:
             log.warning(
@@ -189,6 +189,13 @@ class Controller:
         if self.recipe.overlong_buffer:
             metrics["rollout/overlong_penalty"] = float(np.mean(penalties))
         return generated, metrics
+
+    def _sample_budget_spent(self, generated: list[RolloutGroup]) -> bool:
+        """Whether ``trainer.max_samples`` is reached counting this step's groups so far
+        (dynamic sampling stops drawing then, so a run overshoots by at most one batch)."""
+        budget = self.cfg.trainer.max_samples
+        this_step = sum(len(g.samples) for g in generated)
+        return budget is not None and self.totals.samples + this_step >= budget
 
     def _greedy_baseline(self, groups: list[RolloutGroup], step: int) -> np.ndarray:
         """ReMax's baseline: the (shaped) reward of each prompt's greedy reply, per sample."""
