@@ -41,11 +41,17 @@ class StreamingBuffer:
         self._groups: deque[RolloutGroup] = deque()
         self.stats = BufferStats()
 
+    def _drop_if_stale(self, group: RolloutGroup, policy_version: int) -> bool:
+        """Count ``group`` as stale and return True if it lags more than the bound."""
+        if policy_version - group.version <= self.max_staleness:
+            return False
+        self.stats.dropped_stale += len(group.samples)
+        return True
+
     def put(self, group: RolloutGroup, policy_version: int) -> bool:
         """Admit ``group`` unless it is too stale or filtered; returns whether it was kept."""
         size = len(group.samples)
-        if policy_version - group.version > self.max_staleness:
-            self.stats.dropped_stale += size
+        if self._drop_if_stale(group, policy_version):
             return False
         if self.group_filter is not None and not self.group_filter(group):
             self.stats.dropped_filtered += size
@@ -59,8 +65,7 @@ class StreamingBuffer:
         out = []
         while self._groups and len(out) < max_groups:
             group = self._groups.popleft()
-            if policy_version - group.version > self.max_staleness:
-                self.stats.dropped_stale += len(group.samples)
+            if self._drop_if_stale(group, policy_version):
                 continue
             out.append(group)
             self.stats.released += len(group.samples)
@@ -68,13 +73,9 @@ class StreamingBuffer:
 
     def drop_stale(self, policy_version: int) -> int:
         """Drop (and count) queued groups too old for ``policy_version``; returns how many."""
-        fresh = deque(g for g in self._groups if policy_version - g.version <= self.max_staleness)
-        dropped = len(self._groups) - len(fresh)
-        self.stats.dropped_stale += sum(
-            len(g.samples) for g in self._groups if policy_version - g.version > self.max_staleness
-        )
-        self._groups = fresh
-        return dropped
+        before = len(self._groups)
+        self._groups = deque(g for g in self._groups if not self._drop_if_stale(g, policy_version))
+        return before - len(self._groups)
 
     def __len__(self) -> int:
         return len(self._groups)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlsys.algorithms.estimators import NEEDS_GREEDY_BASELINE
+from rlsys.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlsys.algorithms.objectives import ValueObjective
 from rlsys.algorithms.recipe import Recipe
 from rlsys.buffer import StreamingBuffer, has_reward_variance
@@ -107,6 +107,7 @@ class Controller:
         groups, metrics = self._collect(step, timer)
         kept = self.buffer.take(self.cfg.data.batch_size, self.version)
         metrics["buffer/groups_kept"] = len(kept)
+        metrics["buffer/groups_surplus"] = len(self.buffer)  # dynamic sampling's extra groups
         if kept:
             batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
             metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
@@ -114,50 +115,61 @@ class Controller:
             if self.cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE:
                 with timer("baseline"):
                     baseline = self._greedy_baseline(kept, step)
-            token_kl = None
             if self.pools.reference is not None:
                 with timer("reference"):
                     batch.ref_logprobs = self._reference_logprobs(batch)
             with timer("learner_logprobs"):
                 batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
-            if self.pools.reference is not None:
-                token_kl = self.recipe.token_kl(batch)
+            token_kl = self.recipe.token_kl(batch) if self.pools.reference is not None else None
             if self.pools.critic is not None:
                 with timer("critic_values"):
                     batch.values = self.pools.critic.forward_values(batch)
             adv = self.recipe.advantages(batch, token_kl, baseline)
             batch.advantages, batch.returns = adv.advantages, adv.returns
-            if not self._critic_warming_up(step):
-                with timer("train"):
-                    train = self.pools.learner.train_step(
-                        batch, self.recipe.policy_objective(), self._seed(step)
-                    )
-                metrics.update(self._train_metrics(train, batch, token_kl))
-            if self.pools.critic is not None:
-                with timer("critic_train"):
-                    critic = self.pools.critic.train_step(
-                        batch, ValueObjective(self.cfg.critic.value_clip), self._seed(step)
-                    )
-                metrics.update({f"critic/{k}": v for k, v in critic.items()})
-            if token_kl is not None:
-                self.recipe.update_kl_coef(token_kl)
-            if not self._critic_warming_up(step):
-                self.version += 1
-                with timer("weight_sync"):
-                    self.pools.sync_weights(self.version)
+            metrics.update(self._update(step, batch, token_kl, timer))
         return self._perf_metrics(metrics, timer, time.perf_counter() - started, groups)
+
+    def _update(
+        self, step: int, batch: TrainBatch, token_kl: np.ndarray | None, timer: StageTimer
+    ) -> dict[str, float]:
+        """Train the critic and (after its warm-up) the policy on ``batch``; a policy that
+        changed becomes the next version and goes to the engines."""
+        metrics: dict[str, float] = {}
+        if self.pools.critic is not None:
+            with timer("critic_train"):
+                critic = self.pools.critic.train_step(
+                    batch, ValueObjective(self.cfg.critic.value_clip), self._seed(step)
+                )
+            metrics.update({f"critic/{k}": v for k, v in critic.items()})
+        if self._critic_warming_up(step):
+            return metrics
+        with timer("train"):
+            train = self.pools.learner.train_step(
+                batch, self.recipe.policy_objective(), self._seed(step)
+            )
+        metrics.update(self._train_metrics(train, batch, token_kl))
+        if token_kl is not None:
+            self.recipe.update_kl_coef(token_kl, batch.loss_mask)
+        if train["trained_tokens"] > 0:  # every sample masked out: the policy did not move
+            self.version += 1
+            with timer("weight_sync"):
+                self.pools.sync_weights(self.version)
+        return metrics
 
     def _collect(self, step: int, timer: StageTimer) -> tuple[list[RolloutGroup], dict]:
         """Generate, score and buffer one batch of prompts' groups. With
         ``algorithm.dynamic_sampling`` (DAPO), keep drawing batches until the buffer holds
-        ``data.batch_size`` groups with reward variance, or ``max_sampling_rounds`` are spent."""
+        ``data.batch_size`` groups with reward variance, or ``max_sampling_rounds`` are spent.
+
+        The filter sees the verifier's rewards; overlong shaping is added after it (DAPO
+        keeps groups by their correct-answer count, not by reply lengths)."""
         algo = self.cfg.algorithm
         rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
         self.buffer.drop_stale(self.version)  # surplus groups of an earlier step
         filtered_before = self.buffer.stats.dropped_filtered
         generated: list[RolloutGroup] = []
         penalties = []
-        used = 0
+        used, out_of_budget = 0, False
         for used in range(1, rounds + 1):
             prompts = self.sampler.next_batch()
             with timer("generation"):
@@ -166,20 +178,24 @@ class Controller:
                 )
             with timer("scoring"):
                 self.collector.score(groups)
+                for group in groups:
+                    self.buffer.put(group, self.version)
                 penalties.append(self.recipe.shape_rewards([s for g in groups for s in g.samples]))
             generated += groups
-            for group in groups:
-                self.buffer.put(group, self.version)
-            if len(self.buffer) >= self.cfg.data.batch_size or self._sample_budget_spent(generated):
+            out_of_budget = self._sample_budget_spent(generated)
+            if len(self.buffer) >= self.cfg.data.batch_size or out_of_budget:
                 break
         if algo.dynamic_sampling and len(self.buffer) < self.cfg.data.batch_size:
             log.warning(
-                "step %d: only %d of data.batch_size=%d groups had reward variance after "
-                "algorithm.max_sampling_rounds=%d; training on those",
+                "step %d: only %d of data.batch_size=%d groups had reward variance after %d "
+                "sampling rounds (%s); training on those",
                 step,
                 len(self.buffer),
                 self.cfg.data.batch_size,
-                rounds,
+                used,
+                f"trainer.max_samples={self.cfg.trainer.max_samples} reached"
+                if out_of_budget
+                else f"algorithm.max_sampling_rounds={rounds}",
             )
         metrics = self._rollout_metrics(generated)
         metrics["rollout/sampling_rounds"] = used
@@ -228,7 +244,10 @@ class Controller:
     def run(self) -> dict:
         """Evaluate, train ``trainer.total_steps`` steps (evaluating every K), evaluate."""
         trainer, learner = self.cfg.trainer, self.cfg.learner
-        optimizer_steps = trainer.total_steps * learner.ppo_epochs * learner.num_mini_batches
+        policy_steps = trainer.total_steps - (
+            self.cfg.critic.pretrain_steps if self.pools.critic is not None else 0
+        )
+        optimizer_steps = policy_steps * learner.ppo_epochs * learner.num_mini_batches
         self.pools.learner.set_lr(learner.optim.lr, decay_steps=optimizer_steps)
         if self.pools.critic is not None:
             critic = self.cfg.critic
@@ -303,10 +322,15 @@ class Controller:
         self, train: dict[str, float], batch: TrainBatch, token_kl: np.ndarray | None
     ) -> dict[str, float]:
         out = {f"train/{k}": v for k, v in train.items()}
-        out["train/kl"] = train.get("kl_ref", train.get("approx_kl", 0.0))
         mask = batch.loss_mask > 0
+        # train/kl: per-token KL to the reference when there is one, else the update's drift.
+        out["train/kl"] = train.get("approx_kl", 0.0)
         if token_kl is not None:
-            out["train/kl_ref_seq"] = float(token_kl.sum(-1).mean())
+            trained = mask.any(-1)
+            out["train/kl"] = float(token_kl[mask].mean()) if mask.any() else 0.0
+            out["train/kl_ref_seq"] = (
+                float(token_kl[trained].sum(-1).mean()) if trained.any() else 0.0
+            )
             out["train/kl_coef"] = self.recipe.kl_coef
         if not mask.any():
             return out

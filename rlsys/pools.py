@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ray
@@ -91,43 +93,52 @@ def start_pools(
     placement = plan_placement(cfg, roles)
     if temperature is None:
         temperature = cfg.rollout.temperature
-    rollout = RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype)
-    learner = LearnerGroup(cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature)
-    critic = None
-    if roles.critic:
-        critic = LearnerGroup(
-            cfg.critic,
-            placement.critic,
-            cfg.critic.model_path or model_path,
-            cfg.model.dtype,
-            temperature,
-            role="value",
-        )
-    reference = None
-    if roles.reference:
-        res = placement.reference
-        reference = ReferenceWorker.options(
-            num_cpus=res.num_cpus, num_gpus=res.num_gpus, runtime_env=thread_env(res.threads)
-        ).remote(
-            model_path,
-            cfg.model.dtype,
-            cfg.learner.micro_batch_size,
-            temperature,
-            res.threads,
-            res.num_gpus,
-        )
-        ray.get(reference.ready.remote())
-    pools = Pools(
-        learner,
-        rollout,
-        reference,
-        TRANSPORTS.get(cfg.weight_sync.transport)(cfg.weight_sync),
-        int(cfg.weight_sync.bucket_mb * (1 << 20)),
-        critic,
-    )
+    started: list[Callable[[], None]] = []  # stops of what is up, for a failed start
     try:
+        rollout = RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype)
+        started.append(rollout.shutdown)
+        learner = LearnerGroup(
+            cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature
+        )
+        started.append(learner.shutdown)
+        critic = None
+        if roles.critic:
+            critic = LearnerGroup(
+                cfg.critic,
+                placement.critic,
+                cfg.critic.model_path or model_path,
+                cfg.model.dtype,
+                temperature,
+                role="value",
+            )
+            started.append(critic.shutdown)
+        reference = None
+        if roles.reference:
+            res = placement.reference
+            reference = ReferenceWorker.options(
+                num_cpus=res.num_cpus, num_gpus=res.num_gpus, runtime_env=thread_env(res.threads)
+            ).remote(
+                model_path,
+                cfg.model.dtype,
+                cfg.learner.micro_batch_size,
+                temperature,
+                res.threads,
+                res.num_gpus,
+            )
+            started.append(lambda: ray.kill(reference))
+            ray.get(reference.ready.remote())
+        pools = Pools(
+            learner,
+            rollout,
+            reference,
+            TRANSPORTS.get(cfg.weight_sync.transport)(cfg.weight_sync),
+            int(cfg.weight_sync.bucket_mb * (1 << 20)),
+            critic,
+        )
         pools.connect_weight_sync()
     except Exception:
-        pools.shutdown()
+        for stop in reversed(started):
+            with contextlib.suppress(Exception):  # report the start failure, not a cleanup one
+                stop()
         raise
     return pools

@@ -6,7 +6,8 @@
 Runs ``rlsys train algorithm=<name>`` once per preset (a fresh process and Ray each), all
 from the same warm-started tiny model, with ``trainer.total_steps=--steps`` and
 ``trainer.max_samples`` = steps x data.batch_size x rollout.n_samples, so a preset that draws
-extra samples (DAPO's dynamic sampling) stops when it has used the same number. Prints
+extra samples (DAPO's dynamic sampling) stops when it has used the same number (ReMax's one
+greedy baseline reply per prompt is not counted: it is not trained on). Prints
 algorithm, steps, samples, wall seconds and held-out greedy accuracy before and after;
 ``--json PATH`` writes those records (keys ``algorithm``, ``steps``, ``wall_s``,
 ``eval_accuracy_before``, ``eval_accuracy_after``, ...). Extra ``key=value`` overrides go
@@ -24,17 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-PRESETS = [
-    "ppo",
-    "grpo",
-    "dr_grpo",
-    "dapo",
-    "gspo",
-    "rloo",
-    "reinforce_pp",
-    "reinforce_pp_baseline",
-    "remax",
-]
+
+def presets() -> list[str]:
+    """Every preset in conf/algorithm, PPO first."""
+    from rlsys.config.loader import conf_dir
+
+    names = sorted(p.stem for p in (conf_dir() / "algorithm").glob("*.yaml"))
+    return sorted(names, key=lambda n: n != "ppo")
 
 
 def run_preset(name: str, steps: int, overrides: list[str], out_dir: Path) -> dict:
@@ -80,16 +77,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--algorithms", default=",".join(PRESETS))
+    parser.add_argument("--algorithms", help="comma-separated presets (default: all)")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--out-dir", help="keep the run directories here (default: temporary)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    names = [n.strip() for n in args.algorithms.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(PRESETS))
+    known = presets()
+    names = [n.strip() for n in args.algorithms.split(",")] if args.algorithms else known
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        parser.error(f"unknown algorithms {unknown}; pick from {PRESETS}")
+        parser.error(f"unknown algorithms {unknown}; pick from {known}")
 
     records = []
     with tempfile.TemporaryDirectory() as tmp:

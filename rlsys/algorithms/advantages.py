@@ -53,7 +53,9 @@ def rloo_advantages(rewards: np.ndarray) -> np.ndarray:
     rewards = np.asarray(rewards, dtype=np.float64)
     n = rewards.shape[1]
     if n < 2:
-        raise ValueError(f"RLOO needs at least 2 samples per group, got {n}")
+        raise ValueError(
+            f"RLOO needs at least 2 samples per group, got {n}: raise rollout.n_samples"
+        )
     others = (rewards.sum(axis=1, keepdims=True) - rewards) / (n - 1)
     return (rewards - others).astype(np.float32)
 

@@ -44,15 +44,13 @@ class Advantages:
 
 Estimator = Callable[[AdvantageInputs], Advantages]
 ADVANTAGES: Registry = Registry("advantage estimator", "algorithm.advantage")
-# Estimators that need a critic / a greedy baseline rollout; the controller starts those.
-NEEDS_CRITIC = frozenset({"gae"})
-NEEDS_GREEDY_BASELINE = frozenset({"remax"})
 
 
 def _groups(x: AdvantageInputs) -> np.ndarray:
     if len(x.rewards) % x.group_size:
         raise ValueError(
-            f"{len(x.rewards)} rewards do not split into groups of {x.group_size} samples"
+            f"{len(x.rewards)} rewards do not split into groups of rollout.n_samples="
+            f"{x.group_size} samples"
         )
     return np.asarray(x.rewards, np.float64).reshape(-1, x.group_size)
 

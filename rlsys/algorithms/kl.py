@@ -6,14 +6,16 @@ import math
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020, "Approximating KL").
 
     With log r = ref - logp:  k1 = -log r;  k2 = (log r)^2 / 2;  k3 = r - 1 - log r (unbiased,
     non-negative, low variance). Departure: log r is clamped to [-20, 20] so k3 stays finite.
+
+    As a reward penalty each is a value. As a loss term what matters is its gradient under
+    samples of pi: k2's is the gradient of KL(pi || ref); k3's (GRPO's choice) is that of the
+    forward KL(ref || pi); k1's has expectation zero, so the config rejects k1 as a loss.
     """
     log_ratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
     if kind == "k1":

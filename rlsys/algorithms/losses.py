@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_sum_norm")
+from rlsys.algorithms.names import LOSS_AGGREGATIONS
 
 
 def ppo_clip_loss(
@@ -28,10 +28,11 @@ def ppo_clip_loss(
     Departures: separate low and high clip ranges (equal in the paper; DAPO's clip-higher
     when ``clip_high > clip_low``); ``dual_clip = c > 1`` also bounds the loss of a negative
     advantage by ``-c * A`` (Ye et al. 2020, "Mastering Complex Control in MOBA Games"), so a
-    token whose ratio exploded cannot dominate the update. Metrics: the clipped indicator
-    (for the clip fraction) and k3 KL(old || new).
+    token whose ratio exploded cannot dominate the update; the log-ratio is clamped to
+    [-20, 20] so the ratio stays finite (a padded position never yields inf * 0). Metrics:
+    the clipped indicator (for the clip fraction) and k3 KL(old || new).
     """
-    log_ratio = logprobs - old_logprobs
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -147,7 +148,10 @@ def loss_weights(
         return maskf / lengths / max(num_seqs, 1.0)
     if mode == "seq_sum_norm":
         if not norm or norm <= 0:
-            raise ValueError(f"loss aggregation seq_sum_norm needs a positive norm, got {norm}")
+            raise ValueError(
+                f"algorithm.loss_agg=seq_sum_norm needs a positive algorithm.loss_agg_norm, "
+                f"got {norm}"
+            )
         return maskf / (norm * max(num_seqs, 1.0))
     raise ValueError(f"algorithm.loss_agg={mode!r} is not one of {list(LOSS_AGGREGATIONS)}")
 

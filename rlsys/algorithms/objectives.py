@@ -10,6 +10,7 @@ objective (or advantage estimator) plus a preset, never a new trainer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -21,9 +22,23 @@ from rlsys.algorithms.losses import (
     ppo_clip_loss,
     value_loss,
 )
+from rlsys.algorithms.names import POLICY_LOSSES
 
 Tensors = dict[str, torch.Tensor]
-POLICY_LOSSES = ("ppo_clip", "gspo", "vanilla")
+
+
+class Objective(Protocol):
+    """What a learner backend needs of an objective."""
+
+    loss_agg: str  # see losses.loss_weights
+    loss_agg_norm: float | None  # seq_sum_norm's constant
+
+    @property
+    def entropy_grad(self) -> bool:
+        """Whether the policy entropy needs a gradient (an entropy bonus)."""
+        ...
+
+    def __call__(self, out: Tensors, batch: Tensors) -> tuple[torch.Tensor, Tensors]: ...
 
 
 @dataclass(frozen=True)

@@ -67,16 +67,17 @@ class Recipe:
         ).numpy()
         return kl * batch.loss_mask
 
-    def update_kl_coef(self, token_kl: np.ndarray) -> None:
-        """Adaptive coefficient (``algorithm.kl_target``): move towards the target KL."""
-        if self.cfg.kl_target is None:
+    def update_kl_coef(self, token_kl: np.ndarray, mask: np.ndarray) -> None:
+        """Adaptive coefficient (``algorithm.kl_target``): move towards the target KL, measured
+        per sequence over the sequences that were trained on."""
+        trained = np.asarray(mask).any(-1)
+        if self.cfg.kl_target is None or not trained.any():
             return
-        rows = token_kl.shape[0]
         self.kl_coef = adaptive_kl_coef(
             self.kl_coef,
-            float(token_kl.sum(-1).mean()) if rows else 0.0,
+            float(token_kl[trained].sum(-1).mean()),
             self.cfg.kl_target,
-            rows,
+            int(trained.sum()),
             self.cfg.kl_horizon,
         )
 

@@ -20,6 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlsys.algorithms.losses import loss_weights
+from rlsys.algorithms.objectives import Objective
 from rlsys.backends.data_parallel import forward_plan, train_plan
 from rlsys.backends.schedule import lr_at
 from rlsys.config.schema import OptimConfig
@@ -30,7 +31,6 @@ from rlsys.types import TrainBatch
 
 log = logging.getLogger(__name__)
 
-Objective = Callable[[dict, dict], tuple[torch.Tensor, dict]]
 _TENSOR_FIELDS = (
     "advantages",
     "old_logprobs",
@@ -42,8 +42,19 @@ _TENSOR_FIELDS = (
 ROLES = ("policy", "value")
 
 
+# Where decoder layers live: causal LMs (Llama/Qwen-style, GPT-2, GPT-NeoX) and the critic's
+# ValueModel, whose decoder is under ``backbone``.
+_LAYER_PATHS = (
+    "model.layers",
+    "transformer.h",
+    "gpt_neox.layers",
+    "backbone.layers",
+    "backbone.h",
+)
+
+
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    for path in ("model.layers", "backbone.layers", "transformer.h", "gpt_neox.layers"):
+    for path in _LAYER_PATHS:
         node = model
         for attr in path.split("."):
             node = getattr(node, attr, None)
@@ -213,8 +224,9 @@ class FSDP2Backend:
                         plan.global_seqs,
                         objective.loss_agg_norm,
                     )
-                    # FSDP averages gradients over ranks; the loss is a global sum.
-                    loss = (per_token * weights).sum() * self.world_size
+                    # FSDP averages gradients over ranks; the loss is a global sum. where():
+                    # whatever a padded position holds (even inf) contributes exactly 0.
+                    loss = torch.where(mask > 0, per_token * weights, 0.0).sum() * self.world_size
                     loss.backward()
                     with torch.no_grad():
                         sums["loss"] += float((per_token * mask).sum())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlsys.algorithms import names
 from rlsys.config.errors import ConfigError
 
 
@@ -313,18 +314,6 @@ class CriticConfig(LearnerConfig):
         _non_negative("critic.pretrain_steps", self.pretrain_steps)
 
 
-ADVANTAGE_ESTIMATORS = (
-    "grpo",
-    "dr_grpo",
-    "rloo",
-    "reinforce_pp",
-    "reinforce_pp_baseline",
-    "remax",
-    "gae",
-)
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
-
-
 @dataclass
 class AlgorithmConfig:
     """Advantage estimator, policy loss, loss aggregation, KL and DAPO's sampling and shaping.
@@ -368,15 +357,17 @@ class AlgorithmConfig:
     overlong_filter: bool = False  # DAPO overlong filtering: truncated samples get no loss
 
     def __post_init__(self) -> None:
-        _one_of("algorithm.advantage", self.advantage, ADVANTAGE_ESTIMATORS)
-        _one_of("algorithm.policy_loss", self.policy_loss, ("ppo_clip", "gspo", "vanilla"))
-        _one_of(
-            "algorithm.loss_agg",
-            self.loss_agg,
-            ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_sum_norm"),
-        )
-        _one_of("algorithm.kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
-        _one_of("algorithm.kl_penalty", self.kl_penalty, ("loss", "reward"))
+        _one_of("algorithm.advantage", self.advantage, names.ADVANTAGE_ESTIMATORS)
+        _one_of("algorithm.policy_loss", self.policy_loss, names.POLICY_LOSSES)
+        _one_of("algorithm.loss_agg", self.loss_agg, names.LOSS_AGGREGATIONS)
+        _one_of("algorithm.kl_estimator", self.kl_estimator, names.KL_ESTIMATORS)
+        _one_of("algorithm.kl_penalty", self.kl_penalty, names.KL_PENALTIES)
+        if self.kl_coef > 0 and self.kl_penalty == "loss" and self.kl_estimator == "k1":
+            raise ConfigError(
+                "algorithm.kl_estimator=k1 as a loss term has a zero-mean gradient (it only adds "
+                "noise); use algorithm.kl_estimator=k2 (gradient of KL(policy || reference)) or "
+                "k3, or algorithm.kl_penalty=reward"
+            )
         _positive("algorithm.clip_eps", self.clip_eps)
         if self.clip_eps_high is not None:
             _positive("algorithm.clip_eps_high", self.clip_eps_high)
@@ -405,6 +396,7 @@ class AlgorithmConfig:
                 )
         _positive("algorithm.kl_horizon", self.kl_horizon)
         _non_negative("algorithm.entropy_coef", self.entropy_coef)
+        # Round r of step s samples with seed _seed(s) + r; steps are 101 seeds apart.
         if not 1 <= self.max_sampling_rounds <= 100:
             raise ConfigError(
                 f"algorithm.max_sampling_rounds={self.max_sampling_rounds} must be in [1, 100]"
@@ -428,7 +420,7 @@ class AlgorithmConfig:
     @property
     def uses_critic(self) -> bool:
         """Whether the estimator needs a value model."""
-        return self.advantage == "gae"
+        return self.advantage in names.NEEDS_CRITIC
 
 
 @dataclass
@@ -601,7 +593,34 @@ class TrainConfig:
                 f"sft.eval_prompts={self.sft.eval_prompts} exceeds task.eval_size="
                 f"{self.task.eval_size}; lower sft.eval_prompts"
             )
-        if self.algorithm.advantage in GROUP_ESTIMATORS and self.rollout.n_samples < 2:
+        algo = self.algorithm
+        if algo.filter_uniform_groups and self.rollout.n_samples < 2:
+            raise ConfigError(
+                f"rollout.n_samples={self.rollout.n_samples} with "
+                "algorithm.filter_uniform_groups=true drops every group (one sample always "
+                "ties with itself); set algorithm.filter_uniform_groups=false or "
+                "rollout.n_samples=2 or more"
+            )
+        if algo.policy_loss == "vanilla" and (
+            self.learner.ppo_epochs > 1 or self.learner.num_mini_batches > 1
+        ):
+            raise ConfigError(
+                "algorithm.policy_loss=vanilla has no importance ratio, so only its first "
+                "optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
+                "learner.num_mini_batches=1, or use algorithm.policy_loss=ppo_clip"
+            )
+        if self.critic.pretrain_steps and not algo.uses_critic:
+            raise ConfigError(
+                f"critic.pretrain_steps={self.critic.pretrain_steps} but "
+                f"algorithm.advantage={algo.advantage} uses no critic; set "
+                "critic.pretrain_steps=0 or algorithm.advantage=gae"
+            )
+        if algo.uses_critic and self.critic.pretrain_steps >= self.trainer.total_steps:
+            raise ConfigError(
+                f"critic.pretrain_steps={self.critic.pretrain_steps} leaves no policy steps in "
+                f"trainer.total_steps={self.trainer.total_steps}; lower critic.pretrain_steps"
+            )
+        if algo.advantage in names.GROUP_ESTIMATORS and self.rollout.n_samples < 2:
             raise ConfigError(
                 f"rollout.n_samples={self.rollout.n_samples}: algorithm.advantage="
                 f"{self.algorithm.advantage} compares the samples of a prompt and needs at "

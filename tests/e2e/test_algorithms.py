@@ -101,19 +101,33 @@ def test_dapo_gives_up_after_max_sampling_rounds(ray_cpu, tiny_model_dir, tmp_pa
     assert summary["policy_version"] == 0
 
 
-def test_dapo_overlong_punishment_gives_tied_groups_a_signal(ray_cpu, tiny_model_dir, tmp_path):
-    # Same all-wrong replies, but a budget of 8 tokens gives a 1-token overlong buffer
-    # (0.2 x 8 rounded down): replies that hit the budget lose 1, shorter ones nothing, so
-    # groups stop tying and the policy trains.
+def test_dapo_filters_on_the_verifier_not_the_length_penalty(ray_cpu, tiny_model_dir, tmp_path):
+    # Same all-wrong replies with a budget of 8 tokens, so a 1-token overlong buffer (0.2 x 8
+    # rounded down): replies that hit the budget lose 1 and groups' shaped rewards differ, but
+    # DAPO keeps groups by their verifier rewards, which still all tie.
     summary, steps = run(
-        ["algorithm=dapo", "task.reward=exact_match", "task.max_new_tokens=8"],
+        [
+            "algorithm=dapo",
+            "task.reward=exact_match",
+            "task.max_new_tokens=8",
+            "algorithm.max_sampling_rounds=2",
+        ],
         tiny_model_dir,
         tmp_path,
     )
     for record in steps:
         assert -1.0 <= record["rollout/overlong_penalty"] < 0
         assert record["rollout/reward_mean"] == pytest.approx(record["rollout/overlong_penalty"])
-    assert summary["policy_version"] >= 1
+        assert record["rollout/groups_filtered"] == 2 * 4
+    assert summary["policy_version"] == 0
+
+
+def test_dapo_overlong_punishment_reaches_the_trained_rewards(ray_cpu, tiny_model_dir, tmp_path):
+    summary, steps = run(["algorithm=dapo", "task.max_new_tokens=8"], tiny_model_dir, tmp_path)
+    for record in steps:
+        assert -1.0 <= record["rollout/overlong_penalty"] < 0
+        assert record["buffer/groups_kept"] > 0
+    assert summary["policy_version"] == 2
 
 
 def test_dapo_stops_sampling_once_the_batch_is_full(ray_cpu, tiny_model_dir, tmp_path):

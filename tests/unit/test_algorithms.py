@@ -24,9 +24,9 @@ from rlsys.algorithms.losses import (
     ppo_clip_loss,
     value_loss,
 )
+from rlsys.algorithms.names import ADVANTAGE_ESTIMATORS
 from rlsys.algorithms.objectives import PolicyObjective, ValueObjective
 from rlsys.algorithms.shaping import overlong_buffer_len, overlong_penalty
-from rlsys.config.schema import ADVANTAGE_ESTIMATORS
 
 # ---- advantage estimators ------------------------------------------------------------------
 

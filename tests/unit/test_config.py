@@ -92,7 +92,15 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ),
         ("algorithm.max_sampling_rounds=0", "algorithm.max_sampling_rounds"),
         ("algorithm.overlong_buffer_frac=1.0", "algorithm.overlong_buffer_frac"),
-        ("algorithm=rloo rollout.n_samples=1", "algorithm.advantage=rloo"),
+        (
+            "algorithm=rloo rollout.n_samples=1 algorithm.filter_uniform_groups=false",
+            "algorithm.advantage=rloo",
+        ),
+        ("rollout.n_samples=1 algorithm.advantage=remax", "algorithm.filter_uniform_groups=false"),
+        ("algorithm.kl_coef=0.1 algorithm.kl_estimator=k1", "algorithm.kl_estimator=k2"),
+        ("algorithm.policy_loss=vanilla", "learner.ppo_epochs=1"),
+        ("algorithm=ppo critic.pretrain_steps=400", "critic.pretrain_steps"),
+        ("critic.pretrain_steps=2", "algorithm.advantage=gae"),
         ("critic.optim.lr=-1", "critic.optim.lr"),
         ("critic.world_size=0", "critic.world_size"),
         ("critic.value_clip=-0.1", "critic.value_clip"),
@@ -107,6 +115,12 @@ def test_bad_overrides_name_the_key(override, needle):
     with pytest.raises(ConfigError) as info:
         load_config(override.split())
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["ppo", "remax", "reinforce_pp"])
+def test_presets_without_groups_accept_one_sample_per_prompt(name):
+    cfg = load_config([f"algorithm={name}", "rollout.n_samples=1"])
+    assert not cfg.algorithm.filter_uniform_groups
 
 
 def test_batch_must_feed_every_rank_and_mini_batch():
