@@ -21,6 +21,7 @@ One step (synchronous, ``buffer.max_staleness=0``)::
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -171,7 +172,7 @@ class Controller:
         penalties = []
         used, out_of_budget = 0, False
         for used in range(1, rounds + 1):
-            prompts = self.sampler.next_batch()
+            prompts = self.sampler.next_batch(self._refill_size(generated))
             with timer("generation"):
                 groups = self.collector.generate(
                     prompts, self.sampling, seed=self._seed(step) + used - 1
@@ -205,6 +206,17 @@ class Controller:
         if self.recipe.overlong_buffer:
             metrics["rollout/overlong_penalty"] = float(np.mean(penalties))
         return generated, metrics
+
+    def _refill_size(self, generated: list[RolloutGroup]) -> int:
+        """Prompts to draw next: a full batch first; then, for dynamic sampling, enough to fill
+        the missing groups at this step's keep rate so far (at least 1 in 10 assumed), capped
+        at a batch, so little is generated only to be dropped as surplus."""
+        batch = self.cfg.data.batch_size
+        if not generated:
+            return batch
+        missing = batch - len(self.buffer)
+        keep_rate = max(len(self.buffer) / len(generated), 0.1)
+        return min(batch, math.ceil(missing / keep_rate))
 
     def _sample_budget_spent(self, generated: list[RolloutGroup]) -> bool:
         """Whether ``trainer.max_samples`` is reached counting this step's groups so far

@@ -23,14 +23,16 @@ class PromptSampler:
             return np.arange(n)
         return np.random.default_rng([self.seed, self.epoch]).permutation(n)
 
-    def next_batch(self) -> list[Prompt]:
-        """The next ``batch_size`` prompts, wrapping into a new epoch as needed."""
+    def next_batch(self, size: int | None = None) -> list[Prompt]:
+        """The next ``size`` (default ``batch_size``) prompts, wrapping into a new epoch as
+        needed."""
+        size = size or self.batch_size
         batch = []
-        while len(batch) < self.batch_size:
+        while len(batch) < size:
             if self.position >= len(self._order):
                 self.epoch, self.position = self.epoch + 1, 0
                 self._order = self._make_order()
-            take = self._order[self.position : self.position + self.batch_size - len(batch)]
+            take = self._order[self.position : self.position + size - len(batch)]
             batch.extend(self.prompts[i] for i in take)
             self.position += len(take)
         return batch
