@@ -15,7 +15,7 @@ from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, Advantages
 from rlsys.algorithms.kl import adaptive_kl_coef, kl_estimate
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.shaping import overlong_buffer_len, overlong_penalty
-from rlsys.config.schema import AlgorithmConfig
+from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.types import RolloutGroup, Sample, TrainBatch
 
 

@@ -23,7 +23,7 @@ from rlsys.algorithms.losses import loss_weights
 from rlsys.algorithms.objectives import Objective
 from rlsys.backends.data_parallel import forward_plan, train_plan
 from rlsys.backends.schedule import lr_at
-from rlsys.config.schema import OptimConfig
+from rlsys.config.learner import OptimConfig
 from rlsys.models.loading import load_model
 from rlsys.models.logprobs import greedy_next_tokens, token_logprobs
 from rlsys.models.value import load_value_model, token_values

@@ -1,6 +1,7 @@
-"""Typed configuration: the one place every default lives.
+"""Typed configuration: the root ``TrainConfig`` and the configs of every component.
 
-Each dataclass is one component's config; a component receives only its own. Checks that
+Every default lives in a dataclass of ``rlsys/config/`` (this module, ``learner.py`` and
+``algorithm.py``); import them all from here. Each dataclass is one component's config; a component receives only its own. Checks that
 involve one component live in its ``__post_init__``; checks across components live in
 ``TrainConfig.__post_init__``. Every error names the key at fault and the fix.
 """
@@ -10,22 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlsys.algorithms import names
+from rlsys.config.algorithm import AlgorithmConfig
+from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
-
-
-def _positive(key: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"{key}={value} must be > 0; set {key} to a positive value")
-
-
-def _non_negative(key: str, value: float) -> None:
-    if value < 0:
-        raise ConfigError(f"{key}={value} must be >= 0; set {key} to zero or more")
-
-
-def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not one of {list(choices)}; pick one of those")
+from rlsys.config.learner import CriticConfig, LearnerConfig
 
 
 @dataclass
@@ -47,9 +36,9 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         if self.num_cpus is not None:
-            _positive("cluster.num_cpus", self.num_cpus)
+            positive("cluster.num_cpus", self.num_cpus)
         if self.num_gpus is not None:
-            _non_negative("cluster.num_gpus", self.num_gpus)
+            non_negative("cluster.num_gpus", self.num_gpus)
 
 
 @dataclass
@@ -68,7 +57,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False  # Qwen2 default; tied embeddings slow a tiny model down
 
     def __post_init__(self) -> None:
-        _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         for key in (
             "hidden_size",
             "num_layers",
@@ -77,7 +66,7 @@ class ModelConfig:
             "intermediate_size",
             "max_position_embeddings",
         ):
-            _positive(f"model.{key}", getattr(self, key))
+            positive(f"model.{key}", getattr(self, key))
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} is not divisible by "
@@ -126,8 +115,8 @@ class TaskConfig:
     system_prompt: str | None = None  # chat only: the system turn (null: the template's own)
 
     def __post_init__(self) -> None:
-        _one_of("task.name", self.name, ("arithmetic", "file"))
-        _one_of("task.style", self.style, ("compact", "question"))
+        one_of("task.name", self.name, ("arithmetic", "file"))
+        one_of("task.style", self.style, ("compact", "question"))
         if self.style != "compact" and self.reverse_answer:
             raise ConfigError(
                 f"task.reverse_answer=true only applies to task.style=compact, not "
@@ -142,12 +131,12 @@ class TaskConfig:
                 "task.system_prompt needs task.chat_template=true (a system turn only exists "
                 "in a chat template); set task.chat_template=true or task.system_prompt=null"
             )
-        _positive("task.digits", self.digits)
-        _positive("task.train_size", self.train_size)
-        _positive("task.eval_size", self.eval_size)
-        _positive("task.max_prompt_tokens", self.max_prompt_tokens)
+        positive("task.digits", self.digits)
+        positive("task.train_size", self.train_size)
+        positive("task.eval_size", self.eval_size)
+        positive("task.max_prompt_tokens", self.max_prompt_tokens)
         if self.max_new_tokens is not None:
-            _positive("task.max_new_tokens", self.max_new_tokens)
+            positive("task.max_new_tokens", self.max_new_tokens)
         bad = [op for op in self.operators if op not in ("+", "-", "*")]
         if bad or not self.operators:
             raise ConfigError(
@@ -166,7 +155,7 @@ class DataConfig:
     shuffle: bool = True  # reshuffle the train split every epoch
 
     def __post_init__(self) -> None:
-        _positive("data.batch_size", self.batch_size)
+        positive("data.batch_size", self.batch_size)
 
 
 @dataclass
@@ -184,16 +173,16 @@ class VLLMConfig:
     cpu_threads_bind: str = "nobind"  # CPU: VLLM_CPU_OMP_THREADS_BIND ("auto" pins cores)
 
     def __post_init__(self) -> None:
-        _positive("rollout.vllm.tensor_parallel_size", self.tensor_parallel_size)
+        positive("rollout.vllm.tensor_parallel_size", self.tensor_parallel_size)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"rollout.vllm.gpu_memory_utilization={self.gpu_memory_utilization} must be "
                 "in (0, 1]"
             )
-        _positive("rollout.vllm.cpu_kv_cache_gb", self.cpu_kv_cache_gb)
+        positive("rollout.vllm.cpu_kv_cache_gb", self.cpu_kv_cache_gb)
         if self.max_model_len is not None:
-            _positive("rollout.vllm.max_model_len", self.max_model_len)
-        _positive("rollout.vllm.max_num_seqs", self.max_num_seqs)
+            positive("rollout.vllm.max_model_len", self.max_model_len)
+        positive("rollout.vllm.max_num_seqs", self.max_num_seqs)
 
 
 @dataclass
@@ -214,17 +203,17 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
-        _one_of("rollout.engine", self.engine, ("hf", "vllm"))
-        _positive("rollout.num_workers", self.num_workers)
-        _positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
-        _non_negative("rollout.num_gpus_per_worker", self.num_gpus_per_worker)
-        _positive("rollout.n_samples", self.n_samples)
-        _positive("rollout.temperature", self.temperature)
-        _positive("rollout.micro_batch_size", self.micro_batch_size)
+        one_of("rollout.engine", self.engine, ("hf", "vllm"))
+        positive("rollout.num_workers", self.num_workers)
+        positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
+        non_negative("rollout.num_gpus_per_worker", self.num_gpus_per_worker)
+        positive("rollout.n_samples", self.n_samples)
+        positive("rollout.temperature", self.temperature)
+        positive("rollout.micro_batch_size", self.micro_batch_size)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
         if self.dtype is not None:
-            _one_of("rollout.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+            one_of("rollout.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"rollout.stop={list(self.stop)} must be non-empty strings")
         tp = self.vllm.tensor_parallel_size
@@ -241,189 +230,6 @@ class RolloutConfig:
 
 
 @dataclass
-class OptimConfig:
-    """AdamW settings of a learner."""
-
-    lr: float = 3e-4  # Adam moves every weight by ~lr on its first steps: keep RL rates small
-    warmup_steps: int = 10  # optimizer steps of linear learning-rate warm-up
-    schedule: str = "cosine"  # after warm-up: "cosine" decay over the run, or "constant"
-    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
-    weight_decay: float = 0.0  # AdamW decoupled weight decay
-    # AdamW (beta1, beta2), each in [0, 1)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-
-    def check(self, prefix: str) -> None:
-        """Validate, naming keys under ``prefix`` (the config that owns this optimizer)."""
-        _positive(f"{prefix}.lr", self.lr)
-        _non_negative(f"{prefix}.warmup_steps", self.warmup_steps)
-        _one_of(f"{prefix}.schedule", self.schedule, ("cosine", "constant"))
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"{prefix}.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        _non_negative(f"{prefix}.weight_decay", self.weight_decay)
-        _non_negative(f"{prefix}.grad_clip", self.grad_clip)
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(
-                f"{prefix}.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]"
-            )
-
-
-@dataclass
-class LearnerConfig:
-    """The learner group: `world_size` Ray actors running one training backend."""
-
-    backend: str = "fsdp2"  # training backend (fsdp2)
-    world_size: int = 2  # learner ranks (data parallel, FSDP-sharded)
-    num_cpus_per_rank: float = 1.0  # also the torch thread count of each rank
-    num_gpus_per_rank: float = 0.0  # GPUs per learner rank (0: CPU, gloo)
-    num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
-    ppo_epochs: int = 2  # passes over the batch
-    micro_batch_size: int = 128  # sequences per forward/backward on one rank
-    optim: OptimConfig = field(default_factory=OptimConfig)  # see OptimConfig
-
-    def __post_init__(self) -> None:
-        self.check("learner")
-
-    def check(self, prefix: str) -> None:
-        """Validate, naming keys under ``prefix`` (learner, or critic for a value model)."""
-        _one_of(f"{prefix}.backend", self.backend, ("fsdp2",))
-        _positive(f"{prefix}.world_size", self.world_size)
-        _positive(f"{prefix}.num_cpus_per_rank", self.num_cpus_per_rank)
-        _non_negative(f"{prefix}.num_gpus_per_rank", self.num_gpus_per_rank)
-        _positive(f"{prefix}.num_mini_batches", self.num_mini_batches)
-        _positive(f"{prefix}.ppo_epochs", self.ppo_epochs)
-        _positive(f"{prefix}.micro_batch_size", self.micro_batch_size)
-        self.optim.check(f"{prefix}.optim")
-
-
-@dataclass
-class CriticConfig(LearnerConfig):
-    """The critic (value model) of PPO, started when ``algorithm.advantage=gae``: a learner
-    group of its own (same fields as ``learner``) on a value head over the policy's decoder."""
-
-    world_size: int = 1  # critic ranks (data parallel, FSDP-sharded)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=0))
-    model_path: str | None = None  # null: the policy's starting weights, with a fresh head
-    value_clip: float | None = 0.2  # clip of the value loss around the old values (null: none)
-    pretrain_steps: int = 0  # RL steps at the start that train the critic only (policy frozen)
-
-    def __post_init__(self) -> None:
-        self.check("critic")
-        if self.value_clip is not None:
-            _positive("critic.value_clip", self.value_clip)
-        _non_negative("critic.pretrain_steps", self.pretrain_steps)
-
-
-@dataclass
-class AlgorithmConfig:
-    """Advantage estimator, policy loss, loss aggregation, KL and DAPO's sampling and shaping.
-
-    The presets in conf/algorithm/ set these together (ppo, grpo, dr_grpo, dapo, gspo, rloo,
-    reinforce_pp, reinforce_pp_baseline, remax); docs/algorithms.md says what each one is.
-    """
-
-    name: str = "grpo"  # label for logs and presets
-    # grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a critic)
-    advantage: str = "grpo"
-    normalize_std: bool = True  # grpo: divide by the group's reward std
-    gamma: float = 1.0  # discount of gae, reinforce_pp and the KL-penalty reward-to-go
-    lam: float = 0.95  # GAE lambda (bias-variance trade-off of the critic's advantages)
-    whiten_advantages: bool = False  # normalise advantages over the batch's tokens (PPO)
-    policy_loss: str = "ppo_clip"  # ppo_clip | gspo (sequence-level ratio) | vanilla (REINFORCE)
-    clip_eps: float = 0.2  # ratio clip (low side); GSPO uses ~3e-4 (a sequence-level ratio)
-    # Clip-higher (DAPO): a wider upper range lets unlikely tokens with positive advantage
-    # grow, which keeps exploration alive; null makes the range symmetric (= clip_eps).
-    clip_eps_high: float | None = 0.28
-    dual_clip: float | None = None  # ppo_clip: bound negative-advantage losses at c * |A| (c > 1)
-    # How per-token losses become one number: token_mean | seq_mean_token_sum |
-    # seq_mean_token_mean | seq_sum_norm (Dr.GRPO: token sum / loss_agg_norm, mean over sequences)
-    loss_agg: str = "token_mean"
-    loss_agg_norm: int | None = None  # seq_sum_norm's constant; null: the task's max_new_tokens
-    kl_coef: float = 0.0  # > 0 starts a reference worker and penalises KL(policy || reference)
-    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's low-variance estimator)
-    kl_penalty: str = "loss"  # "loss": a loss term; "reward": subtracted from token rewards
-    kl_target: float | None = None  # adaptive coefficient (Ziegler 2019): target KL per sequence
-    kl_horizon: int = 10000  # adaptive coefficient: samples over which it moves by up to 20%
-    entropy_coef: float = 0.0  # > 0 adds an entropy bonus to the loss
-    filter_uniform_groups: bool = True  # drop groups whose rewards are all equal (no signal)
-    # DAPO dynamic sampling: after filtering, keep generating new prompts until
-    # data.batch_size groups have signal, for at most max_sampling_rounds generations a step.
-    dynamic_sampling: bool = False
-    max_sampling_rounds: int = 4
-    # DAPO soft overlong punishment: the last overlong_buffer_frac of the generation budget
-    # costs up to overlong_penalty reward (0: off; DAPO used 4096 of 20480 tokens = 0.2).
-    overlong_buffer_frac: float = 0.0
-    overlong_penalty: float = 1.0
-    overlong_filter: bool = False  # DAPO overlong filtering: truncated samples get no loss
-
-    def __post_init__(self) -> None:
-        _one_of("algorithm.advantage", self.advantage, names.ADVANTAGE_ESTIMATORS)
-        _one_of("algorithm.policy_loss", self.policy_loss, names.POLICY_LOSSES)
-        _one_of("algorithm.loss_agg", self.loss_agg, names.LOSS_AGGREGATIONS)
-        _one_of("algorithm.kl_estimator", self.kl_estimator, names.KL_ESTIMATORS)
-        _one_of("algorithm.kl_penalty", self.kl_penalty, names.KL_PENALTIES)
-        if self.kl_coef > 0 and self.kl_penalty == "loss" and self.kl_estimator == "k1":
-            raise ConfigError(
-                "algorithm.kl_estimator=k1 as a loss term has a zero-mean gradient (it only adds "
-                "noise); use algorithm.kl_estimator=k2 (gradient of KL(policy || reference)) or "
-                "k3, or algorithm.kl_penalty=reward"
-            )
-        _positive("algorithm.clip_eps", self.clip_eps)
-        if self.clip_eps_high is not None:
-            _positive("algorithm.clip_eps_high", self.clip_eps_high)
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ConfigError(
-                f"algorithm.dual_clip={self.dual_clip} must be > 1 (3.0 is usual) or null"
-            )
-        if self.dual_clip is not None and self.policy_loss != "ppo_clip":
-            raise ConfigError(
-                f"algorithm.dual_clip applies to algorithm.policy_loss=ppo_clip, not "
-                f"{self.policy_loss}; set algorithm.dual_clip=null"
-            )
-        if not 0 < self.gamma <= 1:
-            raise ConfigError(f"algorithm.gamma={self.gamma} must be in (0, 1]")
-        if not 0 <= self.lam <= 1:
-            raise ConfigError(f"algorithm.lam={self.lam} must be in [0, 1]")
-        if self.loss_agg_norm is not None:
-            _positive("algorithm.loss_agg_norm", self.loss_agg_norm)
-        _non_negative("algorithm.kl_coef", self.kl_coef)
-        if self.kl_target is not None:
-            _positive("algorithm.kl_target", self.kl_target)
-            if self.kl_coef == 0:
-                raise ConfigError(
-                    "algorithm.kl_target adapts algorithm.kl_coef, which is 0; set "
-                    "algorithm.kl_coef to a starting value (e.g. 0.05) or kl_target=null"
-                )
-        _positive("algorithm.kl_horizon", self.kl_horizon)
-        _non_negative("algorithm.entropy_coef", self.entropy_coef)
-        # Round r of step s samples with seed _seed(s) + r; steps are 101 seeds apart.
-        if not 1 <= self.max_sampling_rounds <= 100:
-            raise ConfigError(
-                f"algorithm.max_sampling_rounds={self.max_sampling_rounds} must be in [1, 100]"
-            )
-        if self.dynamic_sampling and not self.filter_uniform_groups:
-            raise ConfigError(
-                "algorithm.dynamic_sampling=true refills the groups that "
-                "algorithm.filter_uniform_groups drops; set algorithm.filter_uniform_groups=true"
-            )
-        if not 0 <= self.overlong_buffer_frac < 1:
-            raise ConfigError(
-                f"algorithm.overlong_buffer_frac={self.overlong_buffer_frac} must be in [0, 1)"
-            )
-        _non_negative("algorithm.overlong_penalty", self.overlong_penalty)
-
-    @property
-    def uses_reference(self) -> bool:
-        """Whether a frozen reference policy is needed (any KL term)."""
-        return self.kl_coef > 0
-
-    @property
-    def uses_critic(self) -> bool:
-        """Whether the estimator needs a value model."""
-        return self.advantage in names.NEEDS_CRITIC
-
-
-@dataclass
 class ReferenceConfig:
     """The frozen reference policy (started only when algorithm.kl_coef > 0)."""
 
@@ -431,8 +237,8 @@ class ReferenceConfig:
     num_gpus: float = 0.0  # GPUs for the reference actor (0: CPU)
 
     def __post_init__(self) -> None:
-        _positive("reference.num_cpus", self.num_cpus)
-        _non_negative("reference.num_gpus", self.num_gpus)
+        positive("reference.num_cpus", self.num_cpus)
+        non_negative("reference.num_gpus", self.num_gpus)
 
 
 @dataclass
@@ -465,10 +271,10 @@ class WeightSyncConfig:
     timeout_s: float = 600.0  # a sync group member waiting longer than this fails the run
 
     def __post_init__(self) -> None:
-        _one_of("weight_sync.transport", self.transport, ("object_store", "collective", "cuda_ipc"))
-        _positive("weight_sync.bucket_mb", self.bucket_mb)
-        _one_of("weight_sync.cpu_data_plane", self.cpu_data_plane, ("auto", "shm", "gloo"))
-        _positive("weight_sync.timeout_s", self.timeout_s)
+        one_of("weight_sync.transport", self.transport, ("object_store", "collective", "cuda_ipc"))
+        positive("weight_sync.bucket_mb", self.bucket_mb)
+        one_of("weight_sync.cpu_data_plane", self.cpu_data_plane, ("auto", "shm", "gloo"))
+        positive("weight_sync.timeout_s", self.timeout_s)
 
 
 @dataclass
@@ -478,7 +284,7 @@ class PlacementConfig:
     mode: str = "colocated"  # colocated: pools time-share the same CPUs/GPUs
 
     def __post_init__(self) -> None:
-        _one_of("placement.mode", self.mode, ("colocated", "disaggregated"))
+        one_of("placement.mode", self.mode, ("colocated", "disaggregated"))
 
 
 @dataclass
@@ -493,12 +299,12 @@ class TrainerConfig:
     max_samples: int | None = None
 
     def __post_init__(self) -> None:
-        _positive("trainer.total_steps", self.total_steps)
-        _non_negative("trainer.eval_every", self.eval_every)
+        positive("trainer.total_steps", self.total_steps)
+        non_negative("trainer.eval_every", self.eval_every)
         if self.max_wall_s is not None:
-            _positive("trainer.max_wall_s", self.max_wall_s)
+            positive("trainer.max_wall_s", self.max_wall_s)
         if self.max_samples is not None:
-            _positive("trainer.max_samples", self.max_samples)
+            positive("trainer.max_samples", self.max_samples)
 
 
 @dataclass
@@ -509,9 +315,9 @@ class EvalConfig:
     max_new_tokens: int | None = None  # null: as in training
 
     def __post_init__(self) -> None:
-        _positive("eval.num_prompts", self.num_prompts)
+        positive("eval.num_prompts", self.num_prompts)
         if self.max_new_tokens is not None:
-            _positive("eval.max_new_tokens", self.max_new_tokens)
+            positive("eval.max_new_tokens", self.max_new_tokens)
 
 
 @dataclass
@@ -528,11 +334,11 @@ class SFTConfig:
     target_accuracy: float | None = 0.45
 
     def __post_init__(self) -> None:
-        _positive("sft.max_steps", self.max_steps)
-        _positive("sft.batch_size", self.batch_size)
-        _positive("sft.lr", self.lr)
-        _positive("sft.eval_every", self.eval_every)
-        _positive("sft.eval_prompts", self.eval_prompts)
+        positive("sft.max_steps", self.max_steps)
+        positive("sft.batch_size", self.batch_size)
+        positive("sft.lr", self.lr)
+        positive("sft.eval_every", self.eval_every)
+        positive("sft.eval_prompts", self.eval_prompts)
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ConfigError(f"sft.target_accuracy={self.target_accuracy} must be in (0, 1]")
 
@@ -556,7 +362,7 @@ class TrackingConfig:
     tensorboard: bool = False  # write <run_dir>/tensorboard event files
 
     def __post_init__(self) -> None:
-        _one_of("tracking.wandb_mode", self.wandb_mode, ("offline", "online"))
+        one_of("tracking.wandb_mode", self.wandb_mode, ("offline", "online"))
 
 
 @dataclass

@@ -8,7 +8,7 @@ import socket
 import numpy as np
 import ray
 
-from rlsys.config.schema import LearnerConfig
+from rlsys.config.learner import LearnerConfig
 from rlsys.placement import ActorResources, thread_env
 from rlsys.types import TrainBatch
 from rlsys.weight_sync.base import SendResult, SyncAddress, WeightTransport

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
-from rlsys.config.schema import OptimConfig
+from rlsys.config.learner import OptimConfig
 from rlsys.data.collate import pack
 
 

@@ -1,0 +1,118 @@
+"""Config of the RL algorithm: estimator, losses, KL and DAPO's sampling and shaping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlsys.algorithms import names
+from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.errors import ConfigError
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimator, policy loss, loss aggregation, KL and DAPO's sampling and shaping.
+
+    The presets in conf/algorithm/ set these together (ppo, grpo, dr_grpo, dapo, gspo, rloo,
+    reinforce_pp, reinforce_pp_baseline, remax); docs/algorithms.md says what each one is.
+    """
+
+    name: str = "grpo"  # label for logs and presets
+    # grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a critic)
+    advantage: str = "grpo"
+    normalize_std: bool = True  # grpo: divide by the group's reward std
+    gamma: float = 1.0  # discount of gae, reinforce_pp and the KL-penalty reward-to-go
+    lam: float = 0.95  # GAE lambda (bias-variance trade-off of the critic's advantages)
+    whiten_advantages: bool = False  # normalise advantages over the batch's tokens (PPO)
+    policy_loss: str = "ppo_clip"  # ppo_clip | gspo (sequence-level ratio) | vanilla (REINFORCE)
+    clip_eps: float = 0.2  # ratio clip (low side); GSPO uses ~3e-4 (a sequence-level ratio)
+    # Clip-higher (DAPO): a wider upper range lets unlikely tokens with positive advantage
+    # grow, which keeps exploration alive; null makes the range symmetric (= clip_eps).
+    clip_eps_high: float | None = 0.28
+    dual_clip: float | None = None  # ppo_clip: bound negative-advantage losses at c * |A| (c > 1)
+    # How per-token losses become one number: token_mean | seq_mean_token_sum |
+    # seq_mean_token_mean | seq_sum_norm (Dr.GRPO: token sum / loss_agg_norm, mean over sequences)
+    loss_agg: str = "token_mean"
+    loss_agg_norm: int | None = None  # seq_sum_norm's constant; null: the task's max_new_tokens
+    kl_coef: float = 0.0  # > 0 starts a reference worker and penalises KL(policy || reference)
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's low-variance estimator)
+    kl_penalty: str = "loss"  # "loss": a loss term; "reward": subtracted from token rewards
+    kl_target: float | None = None  # adaptive coefficient (Ziegler 2019): target KL per sequence
+    kl_horizon: int = 10000  # adaptive coefficient: samples over which it moves by up to 20%
+    entropy_coef: float = 0.0  # > 0 adds an entropy bonus to the loss
+    filter_uniform_groups: bool = True  # drop groups whose rewards are all equal (no signal)
+    # DAPO dynamic sampling: after filtering, keep generating new prompts until
+    # data.batch_size groups have signal, for at most max_sampling_rounds generations a step.
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    # DAPO soft overlong punishment: the last overlong_buffer_frac of the generation budget
+    # costs up to overlong_penalty reward (0: off; DAPO used 4096 of 20480 tokens = 0.2).
+    overlong_buffer_frac: float = 0.0
+    overlong_penalty: float = 1.0
+    overlong_filter: bool = False  # DAPO overlong filtering: truncated samples get no loss
+
+    def __post_init__(self) -> None:
+        one_of("algorithm.advantage", self.advantage, names.ADVANTAGE_ESTIMATORS)
+        one_of("algorithm.policy_loss", self.policy_loss, names.POLICY_LOSSES)
+        one_of("algorithm.loss_agg", self.loss_agg, names.LOSS_AGGREGATIONS)
+        one_of("algorithm.kl_estimator", self.kl_estimator, names.KL_ESTIMATORS)
+        one_of("algorithm.kl_penalty", self.kl_penalty, names.KL_PENALTIES)
+        if self.kl_coef > 0 and self.kl_penalty == "loss" and self.kl_estimator == "k1":
+            raise ConfigError(
+                "algorithm.kl_estimator=k1 as a loss term has a zero-mean gradient (it only adds "
+                "noise); use algorithm.kl_estimator=k2 (gradient of KL(policy || reference)) or "
+                "k3, or algorithm.kl_penalty=reward"
+            )
+        positive("algorithm.clip_eps", self.clip_eps)
+        if self.clip_eps_high is not None:
+            positive("algorithm.clip_eps_high", self.clip_eps_high)
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ConfigError(
+                f"algorithm.dual_clip={self.dual_clip} must be > 1 (3.0 is usual) or null"
+            )
+        if self.dual_clip is not None and self.policy_loss != "ppo_clip":
+            raise ConfigError(
+                f"algorithm.dual_clip applies to algorithm.policy_loss=ppo_clip, not "
+                f"{self.policy_loss}; set algorithm.dual_clip=null"
+            )
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"algorithm.gamma={self.gamma} must be in (0, 1]")
+        if not 0 <= self.lam <= 1:
+            raise ConfigError(f"algorithm.lam={self.lam} must be in [0, 1]")
+        if self.loss_agg_norm is not None:
+            positive("algorithm.loss_agg_norm", self.loss_agg_norm)
+        non_negative("algorithm.kl_coef", self.kl_coef)
+        if self.kl_target is not None:
+            positive("algorithm.kl_target", self.kl_target)
+            if self.kl_coef == 0:
+                raise ConfigError(
+                    "algorithm.kl_target adapts algorithm.kl_coef, which is 0; set "
+                    "algorithm.kl_coef to a starting value (e.g. 0.05) or kl_target=null"
+                )
+        positive("algorithm.kl_horizon", self.kl_horizon)
+        non_negative("algorithm.entropy_coef", self.entropy_coef)
+        # Round r of step s samples with seed _seed(s) + r; steps are 101 seeds apart.
+        if not 1 <= self.max_sampling_rounds <= 100:
+            raise ConfigError(
+                f"algorithm.max_sampling_rounds={self.max_sampling_rounds} must be in [1, 100]"
+            )
+        if self.dynamic_sampling and not self.filter_uniform_groups:
+            raise ConfigError(
+                "algorithm.dynamic_sampling=true refills the groups that "
+                "algorithm.filter_uniform_groups drops; set algorithm.filter_uniform_groups=true"
+            )
+        if not 0 <= self.overlong_buffer_frac < 1:
+            raise ConfigError(
+                f"algorithm.overlong_buffer_frac={self.overlong_buffer_frac} must be in [0, 1)"
+            )
+        non_negative("algorithm.overlong_penalty", self.overlong_penalty)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a frozen reference policy is needed (any KL term)."""
+        return self.kl_coef > 0
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the estimator needs a value model."""
+        return self.advantage in names.NEEDS_CRITIC

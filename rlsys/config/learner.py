@@ -1,0 +1,82 @@
+"""Configs of a learner group: its optimizer, the policy learner and the critic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.errors import ConfigError
+
+
+@dataclass
+class OptimConfig:
+    """AdamW settings of a learner."""
+
+    lr: float = 3e-4  # Adam moves every weight by ~lr on its first steps: keep RL rates small
+    warmup_steps: int = 10  # optimizer steps of linear learning-rate warm-up
+    schedule: str = "cosine"  # after warm-up: "cosine" decay over the run, or "constant"
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    # AdamW (beta1, beta2), each in [0, 1)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+
+    def check(self, prefix: str) -> None:
+        """Validate, naming keys under ``prefix`` (the config that owns this optimizer)."""
+        positive(f"{prefix}.lr", self.lr)
+        non_negative(f"{prefix}.warmup_steps", self.warmup_steps)
+        one_of(f"{prefix}.schedule", self.schedule, ("cosine", "constant"))
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"{prefix}.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        non_negative(f"{prefix}.weight_decay", self.weight_decay)
+        non_negative(f"{prefix}.grad_clip", self.grad_clip)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(
+                f"{prefix}.betas={list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]"
+            )
+
+
+@dataclass
+class LearnerConfig:
+    """The learner group: `world_size` Ray actors running one training backend."""
+
+    backend: str = "fsdp2"  # training backend (fsdp2)
+    world_size: int = 2  # learner ranks (data parallel, FSDP-sharded)
+    num_cpus_per_rank: float = 1.0  # also the torch thread count of each rank
+    num_gpus_per_rank: float = 0.0  # GPUs per learner rank (0: CPU, gloo)
+    num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
+    ppo_epochs: int = 2  # passes over the batch
+    micro_batch_size: int = 128  # sequences per forward/backward on one rank
+    optim: OptimConfig = field(default_factory=OptimConfig)  # see OptimConfig
+
+    def __post_init__(self) -> None:
+        self.check("learner")
+
+    def check(self, prefix: str) -> None:
+        """Validate, naming keys under ``prefix`` (learner, or critic for a value model)."""
+        one_of(f"{prefix}.backend", self.backend, ("fsdp2",))
+        positive(f"{prefix}.world_size", self.world_size)
+        positive(f"{prefix}.num_cpus_per_rank", self.num_cpus_per_rank)
+        non_negative(f"{prefix}.num_gpus_per_rank", self.num_gpus_per_rank)
+        positive(f"{prefix}.num_mini_batches", self.num_mini_batches)
+        positive(f"{prefix}.ppo_epochs", self.ppo_epochs)
+        positive(f"{prefix}.micro_batch_size", self.micro_batch_size)
+        self.optim.check(f"{prefix}.optim")
+
+
+@dataclass
+class CriticConfig(LearnerConfig):
+    """The critic (value model) of PPO, started when ``algorithm.advantage=gae``: a learner
+    group of its own (same fields as ``learner``) on a value head over the policy's decoder."""
+
+    world_size: int = 1  # critic ranks (data parallel, FSDP-sharded)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=0))
+    model_path: str | None = None  # null: the policy's starting weights, with a fresh head
+    value_clip: float | None = 0.2  # clip of the value loss around the old values (null: none)
+    pretrain_steps: int = 0  # RL steps at the start that train the critic only (policy frozen)
+
+    def __post_init__(self) -> None:
+        self.check("critic")
+        if self.value_clip is not None:
+            positive("critic.value_clip", self.value_clip)
+        non_negative("critic.pretrain_steps", self.pretrain_steps)
