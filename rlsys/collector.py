@@ -115,18 +115,32 @@ class RolloutCollector:
         prompts, prompt_ids = self.encode(prompts)
         if not prompts:
             return []
-        completions = self.generate_fn(prompt_ids, sampling, seed)
+        return self.build_groups(prompts, prompt_ids, self.generate_fn(prompt_ids, sampling, seed))
+
+    def build_groups(
+        self,
+        prompts: list[Prompt],
+        prompt_ids: list[list[int]],
+        completions: list[list[Completion]],
+        baseline: list[Completion] | None = None,
+    ) -> list[RolloutGroup]:
+        """Decoded, unscored groups of ``completions`` (per prompt), with ReMax's greedy
+        ``baseline`` reply per prompt if given."""
+
+        def sample(prompt: Prompt, ids: list[int], c: Completion) -> Sample:
+            return Sample(
+                prompt, ids, c, self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            )
+
         return [
             RolloutGroup(
                 prompt,
-                [
-                    Sample(
-                        prompt, ids, c, self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-                    )
-                    for c in group
-                ],
+                [sample(prompt, ids, c) for c in group],
+                sample(prompt, ids, baseline[i]) if baseline is not None else None,
             )
-            for prompt, ids, group in zip(prompts, prompt_ids, completions, strict=True)
+            for i, (prompt, ids, group) in enumerate(
+                zip(prompts, prompt_ids, completions, strict=True)
+            )
         ]
 
     def score(self, groups: list[RolloutGroup]) -> None:

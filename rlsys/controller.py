@@ -1,21 +1,26 @@
-"""The single controller: the RL algorithm, step by step, over Ray worker pools.
+"""The single controller: the RL algorithm over Ray worker pools, one knob for async.
 
-One step (synchronous, ``buffer.max_staleness=0``)::
+Concurrent loops (``rlsys.pipeline``) feed prompts, generate on every rollout worker and score
+groups as they finish, into the streaming buffer; this thread is the learner::
 
-    repeat (once; with dynamic sampling until data.batch_size groups have signal):
-        prompts <- sampler                                 (data)
-        groups  <- rollout pool: n samples/prompt, policy v (generation)
-        groups  <- reward function (+ overlong shaping)     (scoring)
-        buffer  <- groups (stale / no-signal groups dropped)
-    batch    <- buffer
-    baseline <- greedy reply per prompt, scored, if remax   (baseline)
-    ref_lp   <- reference worker, if any KL term            (reference)
-    old_lp   <- learner forward before the update          (learner_logprobs)
-    values   <- critic forward, if gae                      (critic_values)
-    adv      <- advantage estimator(rewards, KL penalty, values, baseline)
-    learner  <- policy update (PPO clip / GSPO / vanilla)   (train)
-    critic   <- value regression onto the returns           (critic_train)
-    v += 1; engines <- learner weights as version v       (weight_sync)
+    repeat, on the pipeline's threads (never more than (max_staleness + 1) batches ahead):
+        prompts <- sampler                                  (feeder, admission control)
+        groups  <- rollout worker: n samples/prompt, policy v   (one loop per worker)
+        groups  <- reward function; filter; overlong shaping; reference logprobs  (scoring)
+        buffer  <- groups, stamped with the version that generated them
+    each step, on this thread:
+        batch    <- buffer (groups > max_staleness versions old are dropped)
+        old_lp   <- learner forward before the update            (learner_logprobs)
+        weights  <- off-policy correction from behaviour vs old_lp
+        values   <- critic forward, if gae                       (critic_values)
+        adv      <- advantage estimator(rewards, KL, values, ReMax baseline)
+        learner  <- policy update (PPO clip / GSPO / vanilla)    (train)
+        critic   <- value regression onto the returns            (critic_train)
+        gate shut: v += 1; engines <- weights v; eval            (weight_sync)
+
+``buffer.max_staleness=0`` is synchronous on-policy training: the next batch is issued only
+once the new weights are in the engines. ``1`` overlaps the next batch's generation with
+this step's training (one-step-off); more is fully asynchronous.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from rlsys.config.schema import TrainConfig
 from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
+from rlsys.pipeline import Pipeline
 from rlsys.pools import Pools
 from rlsys.tracking import Tracker
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
@@ -63,78 +69,121 @@ class RunTotals:
     """Running totals for summary.json."""
 
     steps: int = 0
-    samples: int = 0
+    samples: int = 0  # generated and scored
     response_tokens: int = 0
+    eval_s: float = 0.0  # wall seconds spent evaluating (not counted in throughput)
     eval_history: list[dict] = field(default_factory=list)
 
 
 class Controller:
-    """Drives the pools through ``trainer.total_steps`` RL steps."""
+    """Drives the pools through ``trainer.total_steps`` RL steps (fewer if a budget ends
+    the run)."""
 
     def __init__(
         self, cfg: TrainConfig, pools: Pools, tokenizer, task: TaskSplits, tracker: Tracker
     ) -> None:
         self.cfg, self.pools, self.tracker, self.task = cfg, pools, tracker, task
         self.version = 0
-        self.sampler = PromptSampler(
-            task.train, cfg.data.batch_size, cfg.data.shuffle, cfg.run.seed
-        )
-        self.collector = RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
         algo = cfg.algorithm
-        self.buffer = StreamingBuffer(
-            cfg.buffer.max_staleness,
-            has_reward_variance if algo.filter_uniform_groups else None,
-        )
-        self.recipe = Recipe(algo, cfg.rollout.n_samples, task.max_new_tokens)
         if algo.uses_critic and pools.critic is None:
             raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
         if algo.uses_reference and pools.reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
-        self.sampling = SamplingParams(
-            n=cfg.rollout.n_samples,
+        self.collector = RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
+        self.recipe = Recipe(algo, cfg.rollout.n_samples, task.max_new_tokens)
+        n, batch = cfg.rollout.n_samples, cfg.data.batch_size
+        budget = cfg.trainer.max_samples
+        self.buffer = StreamingBuffer(
+            batch,
+            n,
+            cfg.buffer.max_staleness,
+            has_reward_variance if algo.filter_uniform_groups else None,
+            draw_rounds=algo.max_sampling_rounds if algo.dynamic_sampling else 1,
+            max_groups=None if budget is None else math.ceil(budget / n),
+            max_steps=cfg.trainer.total_steps,
+        )
+        sampling = SamplingParams(
+            n=n,
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
             max_new_tokens=task.max_new_tokens,
         )
         self.pad_id = tokenizer.pad_token_id
+        self.pipeline = Pipeline(
+            self.buffer,
+            PromptSampler(task.train, batch, cfg.data.shuffle, cfg.run.seed),
+            self.collector.encode,
+            self.collector.build_groups,
+            self.collector.score,
+            self.recipe.shape_rewards,
+            pools.rollout.generate_on,
+            pools.rollout.abort,
+            len(pools.rollout.workers),
+            sampling,
+            prompts_per_request=cfg.rollout.prompts_per_request,
+            seed=cfg.run.seed * 1_000_003,
+            greedy_baseline=algo.advantage in NEEDS_GREEDY_BASELINE,
+            partial=cfg.rollout.partial_rollouts,
+            reference=self._reference_logprobs if pools.reference is not None else None,
+            pad_id=self.pad_id,
+        )
         self.totals = RunTotals()
+        self._drawn = 0  # prompts drawn by the end of the previous step
+        self._filtered = 0  # samples filtered by the end of the previous step
 
     # ---- the algorithm -------------------------------------------------------------------
 
-    def step(self, step: int) -> dict[str, float]:
-        """One synchronous RL step; returns its metrics."""
+    def step(self, step: int, evaluate: bool = False) -> dict[str, float] | None:
+        """One learner step on the next batch the pipeline delivers (and an evaluation after
+        the weight update if ``evaluate``); returns its metrics, or None when the sample
+        budget is spent and nothing is left to train on.
+
+        Consumes: a batch of groups from the buffer. Produces: a new policy version in the
+        engines. Waits for: a full batch (or for nothing more to be able to arrive), then for
+        running requests at the gate. Unblocked by: the scoring loop queuing groups; rollout
+        requests returning (at once when partial rollouts abort them)."""
         timer = StageTimer()
         started = time.perf_counter()
-        groups, metrics = self._collect(step, timer)
-        kept = self.buffer.take(self.cfg.data.batch_size, self.version)
-        metrics["buffer/groups_kept"] = len(kept)
-        metrics["buffer/groups_surplus"] = len(self.buffer)  # dynamic sampling's extra groups
+        with timer("wait_for_batch"):
+            kept = self.buffer.take(self.cfg.data.batch_size)
+        self.pipeline.raise_if_failed()
+        if not kept and self.buffer.exhausted():
+            return None
+        if self.cfg.algorithm.dynamic_sampling and len(kept) < self.cfg.data.batch_size:
+            log.warning(
+                "step %d: only %d of data.batch_size=%d groups had reward variance within "
+                "algorithm.max_sampling_rounds=%d (or trainer.max_samples); training on those",
+                step,
+                len(kept),
+                self.cfg.data.batch_size,
+                self.cfg.algorithm.max_sampling_rounds,
+            )
+        metrics = self._rollout_metrics()
+        metrics.update(self._batch_metrics(kept))
+        moved = False
         if kept:
             batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
             metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
-            baseline = None
-            if self.cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE:
-                with timer("baseline"):
-                    baseline = self._greedy_baseline(kept, step)
-            if self.pools.reference is not None:
-                with timer("reference"):
-                    batch.ref_logprobs = self._reference_logprobs(batch)
             with timer("learner_logprobs"):
                 batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
-            token_kl = self.recipe.token_kl(batch) if self.pools.reference is not None else None
+            metrics.update(self.recipe.off_policy_weights(batch))
+            token_kl = self.recipe.token_kl(batch) if batch.ref_logprobs is not None else None
             if self.pools.critic is not None:
                 with timer("critic_values"):
                     batch.values = self.pools.critic.forward_values(batch)
-            adv = self.recipe.advantages(batch, token_kl, baseline)
+            adv = self.recipe.advantages(batch, token_kl, self._greedy_baseline(kept))
             batch.advantages, batch.returns = adv.advantages, adv.returns
-            metrics.update(self._update(step, batch, token_kl, timer))
-        return self._perf_metrics(metrics, timer, time.perf_counter() - started, groups)
+            update, moved = self._update(step, batch, token_kl, timer)
+            metrics.update(update)
+        metrics.update(self._publish(moved, evaluate, timer))
+        self.buffer.step_done(self.version)
+        return self._perf_metrics(metrics, timer, time.perf_counter() - started)
 
     def _update(
         self, step: int, batch: TrainBatch, token_kl: np.ndarray | None, timer: StageTimer
-    ) -> dict[str, float]:
-        """Train the critic and (after its warm-up) the policy on ``batch``; a policy that
-        changed becomes the next version and goes to the engines."""
+    ) -> tuple[dict[str, float], bool]:
+        """Train the critic and (after its warm-up) the policy on ``batch``; returns the
+        metrics and whether the policy changed."""
         metrics: dict[str, float] = {}
         if self.pools.critic is not None:
             with timer("critic_train"):
@@ -143,7 +192,7 @@ class Controller:
                 )
             metrics.update({f"critic/{k}": v for k, v in critic.items()})
         if self._critic_warming_up(step):
-            return metrics
+            return metrics, False
         with timer("train"):
             train = self.pools.learner.train_step(
                 batch, self.recipe.policy_objective(), self._seed(step)
@@ -151,97 +200,37 @@ class Controller:
         metrics.update(self._train_metrics(train, batch, token_kl))
         if token_kl is not None:
             self.recipe.update_kl_coef(token_kl, batch.loss_mask)
-        if train["trained_tokens"] > 0:  # every sample masked out: the policy did not move
-            self.version += 1
-            with timer("weight_sync"):
-                self.pools.sync_weights(self.version)
+        return metrics, train["trained_tokens"] > 0  # all masked out: the policy did not move
+
+    def _publish(self, moved: bool, evaluate: bool, timer: StageTimer) -> dict[str, float]:
+        """With the rollout loops held between requests: a policy that changed becomes the
+        next version and goes to the engines; then the evaluation, if asked for."""
+        metrics: dict[str, float] = {}
+        if not (moved or evaluate):
+            return metrics
+        with self.pipeline.gate.shut() as waited_s:
+            timer.seconds["gate_wait"] = waited_s
+            if moved:
+                self.version += 1
+                with timer("weight_sync"):
+                    self.pools.sync_weights(self.version)
+            if evaluate:
+                metrics = self._timed_evaluate()
         return metrics
 
-    def _collect(self, step: int, timer: StageTimer) -> tuple[list[RolloutGroup], dict]:
-        """Generate, score and buffer one batch of prompts' groups. With
-        ``algorithm.dynamic_sampling`` (DAPO), keep drawing batches until the buffer holds
-        ``data.batch_size`` groups with reward variance, or ``max_sampling_rounds`` are spent.
-
-        The filter sees the verifier's rewards; overlong shaping is added after it (DAPO
-        keeps groups by their correct-answer count, not by reply lengths)."""
-        algo = self.cfg.algorithm
-        rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
-        self.buffer.drop_stale(self.version)  # surplus groups of an earlier step
-        filtered_before = self.buffer.stats.dropped_filtered
-        generated: list[RolloutGroup] = []
-        penalties = []
-        used, out_of_budget = 0, False
-        for used in range(1, rounds + 1):
-            prompts = self.sampler.next_batch(self._refill_size(generated))
-            with timer("generation"):
-                groups = self.collector.generate(
-                    prompts, self.sampling, seed=self._seed(step) + used - 1
-                )
-            with timer("scoring"):
-                self.collector.score(groups)
-                for group in groups:
-                    self.buffer.put(group, self.version)
-                penalties.append(self.recipe.shape_rewards([s for g in groups for s in g.samples]))
-            generated += groups
-            out_of_budget = self._sample_budget_spent(generated)
-            if len(self.buffer) >= self.cfg.data.batch_size or out_of_budget:
-                break
-        if algo.dynamic_sampling and len(self.buffer) < self.cfg.data.batch_size:
-            log.warning(
-                "step %d: only %d of data.batch_size=%d groups had reward variance after %d "
-                "sampling rounds (%s); training on those",
-                step,
-                len(self.buffer),
-                self.cfg.data.batch_size,
-                used,
-                f"trainer.max_samples={self.cfg.trainer.max_samples} reached"
-                if out_of_budget
-                else f"algorithm.max_sampling_rounds={rounds}",
-            )
-        metrics = self._rollout_metrics(generated)
-        metrics["rollout/sampling_rounds"] = used
-        metrics["rollout/groups_filtered"] = (
-            self.buffer.stats.dropped_filtered - filtered_before
-        ) / self.cfg.rollout.n_samples
-        if self.recipe.overlong_buffer:
-            metrics["rollout/overlong_penalty"] = float(np.mean(penalties))
-        return generated, metrics
-
-    def _refill_size(self, generated: list[RolloutGroup]) -> int:
-        """Prompts to draw next: a full batch first; then, for dynamic sampling, enough to fill
-        the missing groups at this step's keep rate so far (at least 1 in 10 assumed), capped
-        at a batch, so little is generated only to be dropped as surplus."""
-        batch = self.cfg.data.batch_size
-        if not generated:
-            return batch
-        missing = batch - len(self.buffer)
-        keep_rate = max(len(self.buffer) / len(generated), 0.1)
-        return min(batch, math.ceil(missing / keep_rate))
-
-    def _sample_budget_spent(self, generated: list[RolloutGroup]) -> bool:
-        """Whether ``trainer.max_samples`` is reached counting this step's groups so far
-        (dynamic sampling stops drawing then, so a run overshoots by at most one batch)."""
-        budget = self.cfg.trainer.max_samples
-        this_step = sum(len(g.samples) for g in generated)
-        return budget is not None and self.totals.samples + this_step >= budget
-
-    def _greedy_baseline(self, groups: list[RolloutGroup], step: int) -> np.ndarray:
+    def _greedy_baseline(self, groups: list[RolloutGroup]) -> np.ndarray | None:
         """ReMax's baseline: the (shaped) reward of each prompt's greedy reply, per sample."""
-        greedy = SamplingParams(n=1, greedy=True, max_new_tokens=self.task.max_new_tokens)
-        replies = self.collector.generate([g.prompt for g in groups], greedy, self._seed(step))
-        self.collector.score(replies)
-        self.recipe.shape_rewards([r.samples[0] for r in replies])
-        rewards = {r.prompt.uid: r.samples[0].reward for r in replies}
-        return np.array(
-            [rewards[g.prompt.uid] for g in groups for _ in g.samples], dtype=np.float32
-        )
+        if self.cfg.algorithm.advantage not in NEEDS_GREEDY_BASELINE:
+            return None
+        return np.array([g.baseline.reward for g in groups for _ in g.samples], dtype=np.float32)
 
     def _critic_warming_up(self, step: int) -> bool:
         """During ``critic.pretrain_steps`` only the critic learns."""
         return self.pools.critic is not None and step <= self.cfg.critic.pretrain_steps
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out prompts with the engines' current weights."""
+        """Greedy accuracy on the held-out prompts with the engines' current weights (call
+        with the rollout loops held: ``pipeline.gate.shut()``, or before they start)."""
         result = self.collector.evaluate(
             self.task.eval[: self.cfg.eval.num_prompts],
             self.cfg.eval.max_new_tokens or self.task.max_new_tokens,
@@ -253,8 +242,16 @@ class Controller:
             "eval/num_prompts": result.num_prompts,
         }
 
+    def _timed_evaluate(self) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = self.evaluate()
+        metrics["time/eval"] = time.perf_counter() - start
+        self.totals.eval_s += metrics["time/eval"]
+        return metrics
+
     def run(self) -> dict:
-        """Evaluate, train ``trainer.total_steps`` steps (evaluating every K), evaluate."""
+        """Evaluate; train until ``trainer.total_steps`` or a budget (evaluating every K
+        steps and at the end); check and report the sample accounting."""
         trainer, learner = self.cfg.trainer, self.cfg.learner
         policy_steps = trainer.total_steps - (
             self.cfg.critic.pretrain_steps if self.pools.critic is not None else 0
@@ -267,36 +264,51 @@ class Controller:
                 critic.optim.lr,
                 decay_steps=trainer.total_steps * critic.ppo_epochs * critic.num_mini_batches,
             )
-        before = self._log_eval(0)
+        before = self._log_eval(0, self._timed_evaluate())
+        self.totals.eval_s = 0.0
         started = time.perf_counter()
-        step = 0
+        self.pipeline.start()
+        try:
+            self._train_loop(started)
+            if self.totals.eval_history[-1]["step"] != self.totals.steps:
+                with self.pipeline.gate.shut():
+                    self._log_eval(self.totals.steps, self._timed_evaluate())
+        finally:
+            self.pipeline.stop()
+        wall = time.perf_counter() - started
+        self.pipeline.raise_if_failed()
+        accounting = self.buffer.accounting()
+        if not accounting["balanced"]:
+            log.error("sample accounting does not balance (a bug; please report): %s", accounting)
+        return self._summary(before, wall, accounting)
+
+    def _train_loop(self, started: float) -> None:
+        trainer = self.cfg.trainer
         for step in range(1, trainer.total_steps + 1):
-            metrics = self.step(step)
+            evaluate = step == trainer.total_steps or bool(
+                trainer.eval_every and step % trainer.eval_every == 0
+            )
+            metrics = self.step(step, evaluate)
+            if metrics is None:
+                log.info("trainer.max_samples=%s issued and used: stopping", trainer.max_samples)
+                return
             self.totals.steps = step
-            last = step == trainer.total_steps
-            stop = None if last else self._budget_spent(time.perf_counter() - started)
-            if last or stop or (trainer.eval_every and step % trainer.eval_every == 0):
-                metrics.update(self.evaluate())
+            if evaluate:
                 self.totals.eval_history.append({"step": step, **metrics})
             self.tracker.log(step, metrics)
-            if stop:
+            stop = self._budget_spent(time.perf_counter() - started)
+            if stop and step < trainer.total_steps:
                 log.warning("%s reached at step %d: stopping", stop, step)
-                break
-        wall = time.perf_counter() - started
-        after = (
-            self.totals.eval_history[-1]["eval/accuracy"] if self.totals.eval_history else before
-        )
-        return self._summary(before, after, wall)
+                return
 
     # ---- helpers ---------------------------------------------------------------------------
 
     def _budget_spent(self, elapsed_s: float) -> str | None:
-        """The ``trainer.*`` budget that ends the run early, if one is spent."""
-        trainer = self.cfg.trainer
-        if trainer.max_wall_s and elapsed_s > trainer.max_wall_s:
-            return f"trainer.max_wall_s={trainer.max_wall_s}"
-        if trainer.max_samples and self.totals.samples >= trainer.max_samples:
-            return f"trainer.max_samples={trainer.max_samples}"
+        """The wall-clock budget that ends the run early, if it is spent (the sample budget
+        ends it when the buffer runs dry)."""
+        limit = self.cfg.trainer.max_wall_s
+        if limit and elapsed_s > limit:
+            return f"trainer.max_wall_s={limit}"
         return None
 
     def _seed(self, step: int) -> int:
@@ -307,28 +319,71 @@ class Controller:
 
         return ray.get(self.pools.reference.forward_logprobs.remote(batch))
 
-    def _log_eval(self, step: int) -> float:
-        metrics = self.evaluate()
+    def _log_eval(self, step: int, metrics: dict[str, float]) -> float:
         self.totals.eval_history.append({"step": step, **metrics})
         self.tracker.log(step, metrics)
         return metrics["eval/accuracy"]
 
-    def _rollout_metrics(self, groups: list[RolloutGroup]) -> dict[str, float]:
+    def _rollout_metrics(self) -> dict[str, float]:
+        """What the pipeline did since the previous step: groups scored (kept or not),
+        prompts drawn, groups filtered, busy and idle time."""
+        groups, penalties, reference_s = self.pipeline.scoring.drain_window()
         samples = [s for g in groups for s in g.samples]
-        self.totals.samples += len(samples)
         tokens = sum(len(s.completion.token_ids) for s in samples)
+        self.totals.samples += len(samples)
         self.totals.response_tokens += tokens
-        if not samples:
-            return {}
-        return {
-            "rollout/reward_mean": float(np.mean([s.reward for s in samples])),
-            "rollout/accuracy": float(np.mean([s.correct for s in samples])),
-            "rollout/response_tokens": tokens / len(samples),
-            "rollout/stop_frac": float(
-                np.mean([s.completion.finish_reason == "stop" for s in samples])
-            ),
+        batch, n = self.cfg.data.batch_size, self.cfg.rollout.n_samples
+        drawn, filtered = self.pipeline.prompts_drawn, self.buffer.stats.dropped_filtered
+        out = {
+            "rollout/sampling_rounds": (drawn - self._drawn) / batch,
+            "rollout/groups_filtered": (filtered - self._filtered) / n,
             "rollout/reward_errors": float(self.collector.reward_errors),
+            **self.pipeline.pool_metrics(),
         }
+        self._drawn, self._filtered = drawn, filtered
+        if self.pools.reference is not None:
+            out["time/reference"] = reference_s  # part of the scoring loop's busy time
+            out["time/scoring"] -= reference_s
+        if self.recipe.overlong_buffer and penalties:
+            out["rollout/overlong_penalty"] = float(np.mean(penalties))
+        baselines = [g.baseline.reward for g in groups if g.baseline is not None]
+        if baselines:
+            out["rollout/baseline_reward"] = float(np.mean(baselines))  # ReMax's greedy replies
+        if samples:
+            out.update(
+                {
+                    "rollout/samples": len(samples),
+                    "rollout/reward_mean": float(np.mean([s.reward for s in samples])),
+                    "rollout/accuracy": float(np.mean([s.correct for s in samples])),
+                    "rollout/response_tokens": tokens / len(samples),
+                    "rollout/stop_frac": float(
+                        np.mean([s.completion.finish_reason == "stop" for s in samples])
+                    ),
+                }
+            )
+        return out
+
+    def _batch_metrics(self, kept: list[RolloutGroup]) -> dict[str, float]:
+        """The batch's staleness histogram and partial rollouts, the queue's depth."""
+        out = {
+            "buffer/groups_kept": len(kept),
+            "buffer/queue_groups": len(self.buffer),
+            "buffer/in_flight_groups": self.buffer.in_flight,
+            "buffer/dropped_stale": self.buffer.stats.dropped_stale,
+            "buffer/dropped_filtered": self.buffer.stats.dropped_filtered,
+        }
+        samples = [s for g in kept for s in g.samples]
+        if not samples:
+            return out
+        lag = np.array([self.version - s.completion.version for s in samples])
+        out["buffer/staleness_mean"] = float(lag.mean())
+        out["buffer/staleness_max"] = int(lag.max())
+        for k in range(self.cfg.buffer.max_staleness + 1):
+            out[f"buffer/staleness_{k}"] = float((lag == k).mean())
+        out["rollout/partial_frac"] = float(
+            np.mean([len(set(s.completion.versions())) > 1 for s in samples])
+        )
+        return out
 
     def _train_metrics(
         self, train: dict[str, float], batch: TrainBatch, token_kl: np.ndarray | None
@@ -346,6 +401,7 @@ class Controller:
             out["train/kl_coef"] = self.recipe.kl_coef
         if not mask.any():
             return out
+        # engine vs learner before the update: numerics, plus policy lag when async
         out["train/logprob_mismatch"] = float(
             np.abs(batch.behaviour_logprobs[mask] - batch.old_logprobs[mask]).mean()
         )
@@ -356,35 +412,40 @@ class Controller:
         out["policy/version"] = self.version + 1
         return out
 
-    def _perf_metrics(
-        self, metrics: dict, timer: StageTimer, step_s: float, groups: list[RolloutGroup]
-    ) -> dict[str, float]:
-        samples = sum(len(g.samples) for g in groups)
-        tokens = sum(len(s.completion.token_ids) for g in groups for s in g.samples)
+    def _perf_metrics(self, metrics: dict, timer: StageTimer, step_s: float) -> dict[str, float]:
+        samples = metrics.get("rollout/samples", 0)
+        tokens = samples * metrics.get("rollout/response_tokens", 0.0)
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
+        compute_s = step_s - metrics.get("time/eval", 0.0)
         metrics["perf/step_s"] = step_s
-        metrics["perf/overhead_s"] = step_s - sum(timer.seconds.values())
-        metrics["perf/samples_per_s"] = samples / step_s
-        metrics["perf/tokens_per_s"] = tokens / step_s
-        metrics["buffer/dropped_filtered"] = self.buffer.stats.dropped_filtered
+        metrics["perf/samples_per_s"] = samples / compute_s
+        metrics["perf/tokens_per_s"] = tokens / compute_s
+        metrics["pool/learner_idle_frac"] = timer.seconds["wait_for_batch"] / compute_s
         return metrics
 
-    def _summary(self, before: float, after: float, wall: float) -> dict:
+    def _summary(self, before: float, wall: float, accounting: dict) -> dict:
+        train_wall = wall - self.totals.eval_s
+        trained = accounting["samples_trained"]
         return {
             "steps": self.totals.steps,
             "wall_s": wall,
+            "train_wall_s": train_wall,  # wall_s less evaluation
             "samples": self.totals.samples,
-            "samples_per_s": self.totals.samples / wall if wall else 0.0,
-            "tokens_per_s": self.totals.response_tokens / wall if wall else 0.0,
+            "samples_per_s": self.totals.samples / train_wall if train_wall else 0.0,
+            "trained_samples_per_s": trained / train_wall if train_wall else 0.0,
+            "tokens_per_s": self.totals.response_tokens / train_wall if train_wall else 0.0,
+            "max_staleness": self.cfg.buffer.max_staleness,
             "eval_accuracy_before": before,
-            "eval_accuracy_after": after,
+            "eval_accuracy_after": self.totals.eval_history[-1]["eval/accuracy"],
             "eval_num_prompts": min(self.cfg.eval.num_prompts, len(self.task.eval)),
             "eval_history": [
                 {"step": e["step"], "accuracy": e["eval/accuracy"]}
                 for e in self.totals.eval_history
             ],
+            "accounting": accounting,
             "samples_dropped_filtered": self.buffer.stats.dropped_filtered,
             "samples_dropped_stale": self.buffer.stats.dropped_stale,
+            "samples_continued": self.pipeline.samples_continued,
             "reward_errors": self.collector.reward_errors,
             "prompts_skipped_too_long": self.collector.skipped_prompts,
             "policy_version": self.version,

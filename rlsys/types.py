@@ -42,7 +42,27 @@ class Completion:
     token_ids: list[int]  # (R,) generated tokens, including a final EOS if one was produced
     logprobs: list[float]  # (R,) behaviour log pi(token | prefix) at the sampling temperature
     finish_reason: str  # "stop" (EOS, stop token or string) | "length" | "abort"
-    version: int  # policy version of the weights that produced it
+    version: int  # policy version of the weights that produced the first token (the oldest)
+    # (R,) version per token when a partial rollout was continued under newer weights;
+    # None when every token came from ``version``
+    token_versions: list[int] | None = None
+
+    def versions(self) -> list[int]:
+        """(R,) the policy version of every token."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return [self.version] * len(self.token_ids)
+
+    def continued(self, more: Completion) -> Completion:
+        """This (aborted) completion followed by ``more``, generated from its end: tokens,
+        logprobs and per-token versions concatenated, ``more``'s finish reason."""
+        return Completion(
+            self.token_ids + more.token_ids,
+            self.logprobs + more.logprobs,
+            more.finish_reason,
+            min(self.version, more.version) if self.token_ids else more.version,
+            self.versions() + more.versions(),
+        )
 
 
 @dataclass
@@ -55,6 +75,7 @@ class Sample:
     text: str  # decoded completion (special tokens stripped)
     reward: float = 0.0
     correct: bool = False  # what the verifier says, independent of reward shaping
+    ref_logprobs: np.ndarray | None = None  # (R,) reference policy, when a KL term needs it
 
 
 @dataclass
@@ -63,6 +84,7 @@ class RolloutGroup:
 
     prompt: Prompt
     samples: list[Sample]
+    baseline: Sample | None = None  # ReMax: the greedy reply, scored like the samples
 
     @property
     def version(self) -> int:
@@ -84,7 +106,8 @@ class TrainBatch:
     values: np.ndarray | None = None  # (B, T-1) float32, critic values before this update
     returns: np.ndarray | None = None  # (B, T-1) float32, the critic's regression targets
     rewards: np.ndarray | None = None  # (B,) float32
-    versions: np.ndarray | None = None  # (B,) int64, policy version per sample
+    versions: np.ndarray | None = None  # (B,) int64, policy version per sample (oldest token)
+    is_weights: np.ndarray | None = None  # (B, T-1) float32, off-policy importance weights
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

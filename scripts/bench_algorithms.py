@@ -17,13 +17,12 @@ to every run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from rlsys.bench_runs import run_train, write_records
 
 
 def presets() -> list[str]:
@@ -40,31 +39,24 @@ def run_preset(name: str, steps: int, overrides: list[str], out_dir: Path) -> di
 
     cfg = load_config([f"algorithm={name}", *overrides])
     budget = steps * cfg.data.batch_size * cfg.rollout.n_samples
-    command = [
-        sys.executable,
-        "-m",
-        "rlsys.cli",
-        "train",
-        f"algorithm={name}",
-        f"trainer.total_steps={steps}",
-        f"trainer.max_samples={budget}",
-        "trainer.eval_every=0",
-        "tracking.console=false",
-        f"run.output_dir={out_dir}",
-        f"run.name={name}",
-        *overrides,
-    ]
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"algorithm={name} failed:\n{result.stderr[-4000:]}")
-    summary = json.loads((out_dir / name / "summary.json").read_text())
+    run = run_train(
+        name,
+        [
+            f"algorithm={name}",
+            f"trainer.total_steps={steps}",
+            f"trainer.max_samples={budget}",
+            "trainer.eval_every=0",
+            *overrides,
+        ],
+        out_dir,
+    )
+    summary = run.summary
     return {
         "algorithm": name,
         "steps": summary["steps"],
         "samples": summary["samples"],
         "wall_s": summary["wall_s"],
-        "process_wall_s": time.perf_counter() - started,
+        "process_wall_s": run.process_wall_s,
         "eval_accuracy_before": summary["eval_accuracy_before"],
         "eval_accuracy_after": summary["eval_accuracy_after"],
         "eval_num_prompts": summary["eval_num_prompts"],
@@ -101,9 +93,7 @@ def main() -> int:
                 f"{record['eval_accuracy_before']:>8.3f}{record['eval_accuracy_after']:>8.3f}",
                 flush=True,
             )
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(records, indent=2) + "\n")
-        print(f"wrote {args.json_path}")
+    write_records(args.json_path, records)
     return 0
 
 

@@ -65,3 +65,34 @@ def ray_cpu():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def run_controller(ray_cpu, tiny_model_dir, tmp_path):
+    """``run(overrides) -> (summary, step records)``: the controller on real pools (the roles
+    the config's algorithm needs) from the tiny model, metrics in ``tmp_path``."""
+    import json
+
+    from rlsys.config.loader import load_config
+    from rlsys.controller import Controller
+    from rlsys.data.tasks import load_task
+    from rlsys.models.loading import load_tokenizer
+    from rlsys.placement import Roles
+    from rlsys.pools import start_pools
+    from rlsys.tracking import Tracker
+
+    def run(overrides: list[str]) -> tuple[dict, list[dict]]:
+        cfg = load_config(overrides)
+        pools = start_pools(cfg, tiny_model_dir, Roles.for_rl(cfg))
+        tracker = Tracker(tmp_path, cfg.tracking, "t", {}, cfg.trainer.total_steps)
+        try:
+            summary = Controller(
+                cfg, pools, load_tokenizer(tiny_model_dir), load_task(cfg.task, 0), tracker
+            ).run()
+        finally:
+            tracker.close()
+            pools.shutdown()
+        lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+        return summary, [r for r in map(json.loads, lines) if r["step"] > 0]
+
+    return run

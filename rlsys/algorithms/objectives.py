@@ -43,7 +43,8 @@ class Objective(Protocol):
 
 @dataclass(frozen=True)
 class PolicyObjective:
-    """A policy loss (PPO clip, GSPO or vanilla PG), an optional KL-to-reference loss term
+    """A policy loss (PPO clip, GSPO or vanilla PG), weighted per token by the batch's
+    ``is_weights`` when an off-policy correction is on, an optional KL-to-reference loss term
     and an entropy bonus."""
 
     policy_loss: str = "ppo_clip"  # one of POLICY_LOSSES
@@ -87,6 +88,8 @@ class PolicyObjective:
             raise ValueError(
                 f"algorithm.policy_loss={self.policy_loss!r} is not one of {list(POLICY_LOSSES)}"
             )
+        if "is_weights" in batch:  # off-policy correction of the policy-gradient term only
+            loss = loss * batch["is_weights"]
         if self.kl_coef > 0:
             kl = kl_estimate(logprobs, batch["ref_logprobs"], self.kl_estimator)
             loss = loss + self.kl_coef * kl

@@ -14,6 +14,7 @@ from rlsys.algorithms.advantages import whiten
 from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, Advantages
 from rlsys.algorithms.kl import adaptive_kl_coef, kl_estimate
 from rlsys.algorithms.objectives import PolicyObjective
+from rlsys.algorithms.offpolicy import importance_weights
 from rlsys.algorithms.shaping import overlong_buffer_len, overlong_penalty
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.types import RolloutGroup, Sample, TrainBatch
@@ -110,6 +111,18 @@ class Recipe:
         if cfg.whiten_advantages:
             out.advantages = whiten(out.advantages, batch.loss_mask)
         return out
+
+    def off_policy_weights(self, batch: TrainBatch) -> dict[str, float]:
+        """Set ``batch.is_weights`` for ``algorithm.off_policy`` (from the behaviour and
+        pre-update learner log-probabilities); returns the correction's metrics."""
+        batch.is_weights, metrics = importance_weights(
+            batch.old_logprobs,
+            batch.behaviour_logprobs,
+            batch.loss_mask,
+            self.cfg.off_policy,
+            self.cfg.off_policy_cap,
+        )
+        return metrics
 
     def policy_objective(self) -> PolicyObjective:
         """The policy loss with the current KL coefficient (when the KL is a loss term)."""

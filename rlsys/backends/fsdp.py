@@ -38,6 +38,7 @@ _TENSOR_FIELDS = (
     "behaviour_logprobs",
     "values",
     "returns",
+    "is_weights",
 )
 ROLES = ("policy", "value")
 

@@ -41,8 +41,9 @@ class AlgorithmConfig:
     kl_horizon: int = 10000  # adaptive coefficient: samples over which it moves by up to 20%
     entropy_coef: float = 0.0  # > 0 adds an entropy bonus to the loss
     filter_uniform_groups: bool = True  # drop groups whose rewards are all equal (no signal)
-    # DAPO dynamic sampling: after filtering, keep generating new prompts until
-    # data.batch_size groups have signal, for at most max_sampling_rounds generations a step.
+    # DAPO dynamic sampling: groups the filter drops are replaced by new prompts until
+    # data.batch_size groups have signal, drawing at most max_sampling_rounds x data.batch_size
+    # prompts per step (counted over the run: a step that needed fewer leaves room for later).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
     # DAPO soft overlong punishment: the last overlong_buffer_frac of the generation budget
@@ -50,6 +51,13 @@ class AlgorithmConfig:
     overlong_buffer_frac: float = 0.0
     overlong_penalty: float = 1.0
     overlong_filter: bool = False  # DAPO overlong filtering: truncated samples get no loss
+    # Correction for samples drawn by another policy than the learner's (older weights in
+    # async training; the engine's numerics in any mode): none | tis (truncated importance
+    # sampling, weight min(pi_old/pi_behaviour, off_policy_cap)) | decoupled (decoupled PPO:
+    # clip around the learner before the update, weight pi_old/pi_behaviour, tokens whose
+    # weight exceeds off_policy_cap get none). See rlsys/algorithms/offpolicy.py.
+    off_policy: str = "none"
+    off_policy_cap: float = 2.0
 
     def __post_init__(self) -> None:
         one_of("algorithm.advantage", self.advantage, names.ADVANTAGE_ESTIMATORS)
@@ -57,6 +65,12 @@ class AlgorithmConfig:
         one_of("algorithm.loss_agg", self.loss_agg, names.LOSS_AGGREGATIONS)
         one_of("algorithm.kl_estimator", self.kl_estimator, names.KL_ESTIMATORS)
         one_of("algorithm.kl_penalty", self.kl_penalty, names.KL_PENALTIES)
+        one_of("algorithm.off_policy", self.off_policy, names.OFF_POLICY_CORRECTIONS)
+        if self.off_policy_cap < 1:
+            raise ConfigError(
+                f"algorithm.off_policy_cap={self.off_policy_cap} must be >= 1 (2.0 is usual): "
+                "a cap below 1 down-weights on-policy tokens"
+            )
         if self.kl_coef > 0 and self.kl_penalty == "loss" and self.kl_estimator == "k1":
             raise ConfigError(
                 "algorithm.kl_estimator=k1 as a loss term has a zero-mean gradient (it only adds "
@@ -91,7 +105,6 @@ class AlgorithmConfig:
                 )
         positive("algorithm.kl_horizon", self.kl_horizon)
         non_negative("algorithm.entropy_coef", self.entropy_coef)
-        # Round r of step s samples with seed _seed(s) + r; steps are 101 seeds apart.
         if not 1 <= self.max_sampling_rounds <= 100:
             raise ConfigError(
                 f"algorithm.max_sampling_rounds={self.max_sampling_rounds} must be in [1, 100]"

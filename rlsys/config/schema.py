@@ -200,6 +200,14 @@ class RolloutConfig:
     dtype: str | None = None  # engine weights dtype; null: model.dtype (e.g. fp32 learner, bf16)
     stop: list[str] = field(default_factory=list)  # stop strings (kept in the completion)
     stop_token_ids: list[int] = field(default_factory=list)  # stop tokens besides EOS
+    # A weight update while requests run: false finishes them on the old weights first; true
+    # aborts them and continues each sample's prefix under the new weights (partial rollouts;
+    # every token keeps the version that produced it). A stop string that straddles the
+    # abort point is not detected.
+    partial_rollouts: bool = False
+    # Prompts per generation call of a rollout loop; null: data.batch_size / num_workers
+    # (one call per worker per batch). Smaller calls stream groups to scoring sooner.
+    prompts_per_request: int | None = None
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
@@ -210,6 +218,8 @@ class RolloutConfig:
         positive("rollout.n_samples", self.n_samples)
         positive("rollout.temperature", self.temperature)
         positive("rollout.micro_batch_size", self.micro_batch_size)
+        if self.prompts_per_request is not None:
+            positive("rollout.prompts_per_request", self.prompts_per_request)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
         if self.dtype is not None:
@@ -241,17 +251,23 @@ class ReferenceConfig:
         non_negative("reference.num_gpus", self.num_gpus)
 
 
+MAX_STALENESS = 16  # beyond this, samples are too off-policy for any correction here
+
+
 @dataclass
 class BufferConfig:
     """The streaming buffer between scoring and the learner."""
 
-    max_staleness: int = 0  # policy versions a sample may lag; 0 is synchronous on-policy
+    # Policy versions a sample may lag the learner: 0 is synchronous on-policy training, 1
+    # one-step-off (generation of the next batch overlaps training), more is fully async.
+    # Generation runs ahead by at most (max_staleness + 1) x data.batch_size groups.
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_staleness != 0:
+        if not 0 <= self.max_staleness <= MAX_STALENESS:
             raise ConfigError(
-                f"buffer.max_staleness={self.max_staleness}: only 0 (synchronous) is "
-                "supported in this release; set buffer.max_staleness=0"
+                f"buffer.max_staleness={self.max_staleness} must be in [0, {MAX_STALENESS}] "
+                "(0: synchronous, 1: one-step-off, 2+: fully asynchronous)"
             )
 
 
@@ -414,6 +430,12 @@ class TrainConfig:
                 "algorithm.policy_loss=vanilla has no importance ratio, so only its first "
                 "optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
                 "learner.num_mini_batches=1, or use algorithm.policy_loss=ppo_clip"
+            )
+        if algo.policy_loss == "vanilla" and self.buffer.max_staleness > 0:
+            raise ConfigError(
+                f"algorithm.policy_loss=vanilla has no importance ratio, so it cannot learn "
+                f"from buffer.max_staleness={self.buffer.max_staleness} versions old samples; "
+                "set buffer.max_staleness=0 or algorithm.policy_loss=ppo_clip"
             )
         if self.critic.pretrain_steps and not algo.uses_critic:
             raise ConfigError(

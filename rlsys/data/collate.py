@@ -41,7 +41,8 @@ def pack(
 
 
 def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
-    """A TrainBatch of scored samples, with rewards and versions filled in."""
+    """A TrainBatch of scored samples, with rewards and versions filled in, and reference
+    log-probabilities when every sample carries them (scored as it arrived)."""
     batch = pack(
         [s.prompt_ids for s in samples],
         [s.completion.token_ids for s in samples],
@@ -50,6 +51,10 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
     )
     batch.rewards = np.array([s.reward for s in samples], dtype=np.float32)
     batch.versions = np.array([s.completion.version for s in samples], dtype=np.int64)
+    if samples and all(s.ref_logprobs is not None for s in samples):
+        batch.ref_logprobs = np.zeros_like(batch.behaviour_logprobs)
+        for row, (sample, mask) in enumerate(zip(samples, batch.loss_mask, strict=True)):
+            batch.ref_logprobs[row, mask > 0] = sample.ref_logprobs
     return batch
 
 

@@ -42,13 +42,18 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        budgets: list[int] | None = None,
     ) -> list[list[Completion]]:
-        """``sampling.n`` completions for each prompt (token ids -> token ids + logprobs)."""
+        """``sampling.n`` completions for each prompt (token ids -> token ids + logprobs); prompt
+        i gets at most ``budgets[i]`` new tokens (default ``sampling.max_new_tokens``)."""
         self._aborting.clear()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        flat = [p for p in prompts for _ in range(sampling.n)]
+        budgets = budgets or [sampling.max_new_tokens] * len(prompts)
+        flat = [(p, b) for p, b in zip(prompts, budgets, strict=True) for _ in range(sampling.n)]
         results: list[Completion] = []
         for start in range(0, len(flat), self.micro):
             if self._aborting.is_set():  # later micro-batches never start
@@ -57,7 +62,8 @@ class HFEngine:
             results.extend(self._generate_batch(flat[start : start + self.micro], sampling))
         return [results[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingParams):
+    def _generate_batch(self, rows: list[tuple[list[int], int]], sampling: SamplingParams):
+        prompts = [p for p, _ in rows]
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -82,7 +88,7 @@ class HFEngine:
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            max_new_tokens=sampling.max_new_tokens,
+            max_new_tokens=max(b for _, b in rows),
             pad_token_id=self.pad_id,
             eos_token_id=stop_ids,
             output_logits=True,
@@ -101,12 +107,14 @@ class HFEngine:
         for i, (row, row_logprobs) in enumerate(
             zip(new_tokens.tolist(), logprobs.tolist(), strict=True)
         ):
+            budget = rows[i][1]
+            row = row[:budget]  # a shorter budget than the micro-batch's longest
             end = next((j + 1 for j, t in enumerate(row) if t in stop_set), None)
-            if texts[i] is not None and (end is None or texts[i] < end):
+            if texts[i] is not None and texts[i] <= budget and (end is None or texts[i] < end):
                 end = texts[i]
             if end is not None:
                 reason = "stop"
-            elif aborted and len(row) < sampling.max_new_tokens:
+            elif aborted and len(row) < budget:
                 reason = "abort"
             else:
                 reason = "length"

@@ -72,14 +72,23 @@ class VLLMEngine:
             self.generate([[0] * 4], SamplingParams(n=2, max_new_tokens=4, seed=0))
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        budgets: list[int] | None = None,
     ) -> list[list[Completion]]:
-        """``sampling.n`` completions for each prompt (token ids -> token ids + logprobs)."""
+        """``sampling.n`` completions for each prompt (token ids -> token ids + logprobs); prompt
+        i gets at most ``budgets[i]`` new tokens (default ``sampling.max_new_tokens``)."""
+        self._aborting.clear()
+        return self._generate(prompts, sampling, budgets)
+
+    def _generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, budgets: list[int] | None
+    ) -> list[list[Completion]]:
         from vllm import SamplingParams as VSampling
         from vllm import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        self._aborting.clear()
         n = sampling.n
         keys: dict[str, int] = {}  # request id -> flat index prompt * n + sample
         for flat in range(len(prompts) * n):
@@ -87,7 +96,7 @@ class VLLMEngine:
                 n=1,
                 temperature=0.0 if sampling.greedy else sampling.temperature,
                 top_p=1.0 if sampling.greedy else sampling.top_p,
-                max_tokens=sampling.max_new_tokens,
+                max_tokens=budgets[flat // n] if budgets else sampling.max_new_tokens,
                 seed=None if sampling.seed is None else _request_seed(sampling.seed, flat),
                 stop=list(sampling.stop) or None,
                 stop_token_ids=list(sampling.stop_token_ids) or None,

@@ -29,8 +29,10 @@ class RolloutWorker:
         self.engine = ENGINES.get(cfg.engine)(model_path, dtype, cfg, self.device)
         self.transport: WeightTransport | None = None
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams):
-        return self.engine.generate(prompts, sampling)
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, budgets: list[int] | None = None
+    ):
+        return self.engine.generate(prompts, sampling, budgets)
 
     def connect_weight_sync(
         self, transport: WeightTransport, rank: int, world_size: int, address: SyncAddress
@@ -80,25 +82,53 @@ class RolloutPool:
         ]
         ray.get([w.version.remote() for w in self.workers])  # wait until every engine is up
 
+    def with_defaults(self, sampling: SamplingParams, seed: int | None) -> SamplingParams:
+        """``sampling`` seeded ``seed``, its stop strings and tokens defaulting to
+        ``rollout.stop`` / ``rollout.stop_token_ids``."""
+        return SamplingParams(
+            **{
+                **vars(sampling),
+                "seed": seed,
+                "stop": list(sampling.stop or self.cfg.stop),
+                "stop_token_ids": list(sampling.stop_token_ids or self.cfg.stop_token_ids),
+            }
+        )
+
+    def submit(
+        self,
+        worker: int,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        seed: int | None = None,
+        budgets: list[int] | None = None,
+    ) -> ray.ObjectRef:
+        """Start generating ``prompts`` on worker ``worker``; the ref resolves to completions
+        per prompt (see ``RolloutWorker.generate``)."""
+        params = self.with_defaults(sampling, seed)
+        return self.workers[worker].generate.remote(prompts, params, budgets)
+
+    def generate_on(
+        self,
+        worker: int,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        seed: int | None = None,
+        budgets: list[int] | None = None,
+    ) -> list[list[Completion]]:
+        """``submit`` and wait (a rollout loop's request to its worker)."""
+        return ray.get(self.submit(worker, prompts, sampling, seed, budgets))
+
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None
     ) -> list[list[Completion]]:
-        """Completions per prompt, in prompt order; worker i seeds with ``seed + i``.
-
-        Stop strings and tokens default to ``rollout.stop`` / ``rollout.stop_token_ids``."""
+        """Completions per prompt, in prompt order, split evenly over the workers; worker i
+        seeds with ``seed + i``."""
         shards = np.array_split(np.arange(len(prompts)), len(self.workers))
-        futures = []
-        for i, (worker, rows) in enumerate(zip(self.workers, shards, strict=True)):
-            if len(rows):
-                params = SamplingParams(
-                    **{
-                        **vars(sampling),
-                        "seed": None if seed is None else seed + i,
-                        "stop": list(sampling.stop or self.cfg.stop),
-                        "stop_token_ids": list(sampling.stop_token_ids or self.cfg.stop_token_ids),
-                    }
-                )
-                futures.append(worker.generate.remote([prompts[r] for r in rows], params))
+        futures = [
+            self.submit(i, [prompts[r] for r in rows], sampling, None if seed is None else seed + i)
+            for i, rows in enumerate(shards)
+            if len(rows)
+        ]
         return [group for part in ray.get(futures) for group in part]
 
     def connect_weight_sync(

@@ -3,18 +3,11 @@ critic pools as the preset needs), plus DAPO's sampling and shaping and the crit
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
-from rlsys.config.loader import conf_dir, load_config
-from rlsys.controller import Controller
-from rlsys.data.tasks import load_task
-from rlsys.models.loading import load_tokenizer
-from rlsys.placement import Roles
-from rlsys.pools import start_pools
-from rlsys.tracking import Tracker
+from rlsys.config.loader import conf_dir
 
 PRESETS = sorted(p.stem for p in (conf_dir() / "algorithm").glob("*.yaml"))
 SMALL = [
@@ -29,27 +22,12 @@ SMALL = [
 # What each preset must show in its step metrics besides the common ones.
 EXPECTED = {
     "ppo": ["critic/loss", "critic/values", "time/critic_train", "train/kl_coef"],
-    "remax": ["time/baseline"],
+    "remax": ["rollout/baseline_reward"],
     "dapo": ["rollout/sampling_rounds", "rollout/groups_filtered"],
     "reinforce_pp": ["train/kl_coef", "time/reference"],
     "reinforce_pp_baseline": ["train/kl_ref", "time/reference"],
     "gspo": ["train/clip_frac"],
 }
-
-
-def run(overrides: list[str], tiny_model_dir: str, tmp_path) -> tuple[dict, list[dict]]:
-    cfg = load_config(SMALL + overrides)
-    pools = start_pools(cfg, tiny_model_dir, Roles.for_rl(cfg))
-    tracker = Tracker(tmp_path, cfg.tracking, "t", {}, cfg.trainer.total_steps)
-    try:
-        summary = Controller(
-            cfg, pools, load_tokenizer(tiny_model_dir), load_task(cfg.task, seed=0), tracker
-        ).run()
-    finally:
-        tracker.close()
-        pools.shutdown()
-    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    return summary, [r for r in records if r["step"] > 0]
 
 
 DOCUMENTED = [
@@ -70,8 +48,8 @@ def test_every_documented_preset_exists():
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_preset_trains_end_to_end(name, ray_cpu, tiny_model_dir, tmp_path):
-    summary, steps = run([f"algorithm={name}"], tiny_model_dir, tmp_path)
+def test_preset_trains_end_to_end(name, run_controller):
+    summary, steps = run_controller(SMALL + [f"algorithm={name}"])
     assert summary["steps"] == 2 and len(steps) == 2
     assert summary["policy_version"] == 2  # both steps trained and synced
     for record in steps:
@@ -81,18 +59,17 @@ def test_preset_trains_end_to_end(name, ray_cpu, tiny_model_dir, tmp_path):
     assert 0.0 <= summary["eval_accuracy_after"] <= 1.0
 
 
-def test_dapo_gives_up_after_max_sampling_rounds(ray_cpu, tiny_model_dir, tmp_path):
+def test_dapo_gives_up_after_max_sampling_rounds(run_controller):
     # An exact-match reward on the untrained model: every group ties at 0, so dynamic sampling
     # spends all its rounds, drops every group and trains on nothing.
-    summary, steps = run(
-        [
+    summary, steps = run_controller(
+        SMALL
+        + [
             "algorithm=dapo",
             "task.reward=exact_match",
             "algorithm.overlong_buffer_frac=0",
             "algorithm.max_sampling_rounds=3",
-        ],
-        tiny_model_dir,
-        tmp_path,
+        ]
     )
     for record in steps:
         assert record["rollout/sampling_rounds"] == 3
@@ -101,19 +78,18 @@ def test_dapo_gives_up_after_max_sampling_rounds(ray_cpu, tiny_model_dir, tmp_pa
     assert summary["policy_version"] == 0
 
 
-def test_dapo_filters_on_the_verifier_not_the_length_penalty(ray_cpu, tiny_model_dir, tmp_path):
+def test_dapo_filters_on_the_verifier_not_the_length_penalty(run_controller):
     # Same all-wrong replies with a budget of 8 tokens, so a 1-token overlong buffer (0.2 x 8
     # rounded down): replies that hit the budget lose 1 and groups' shaped rewards differ, but
     # DAPO keeps groups by their verifier rewards, which still all tie.
-    summary, steps = run(
-        [
+    summary, steps = run_controller(
+        SMALL
+        + [
             "algorithm=dapo",
             "task.reward=exact_match",
             "task.max_new_tokens=8",
             "algorithm.max_sampling_rounds=2",
-        ],
-        tiny_model_dir,
-        tmp_path,
+        ]
     )
     for record in steps:
         assert -1.0 <= record["rollout/overlong_penalty"] < 0
@@ -122,26 +98,24 @@ def test_dapo_filters_on_the_verifier_not_the_length_penalty(ray_cpu, tiny_model
     assert summary["policy_version"] == 0
 
 
-def test_dapo_overlong_punishment_reaches_the_trained_rewards(ray_cpu, tiny_model_dir, tmp_path):
-    summary, steps = run(["algorithm=dapo", "task.max_new_tokens=8"], tiny_model_dir, tmp_path)
+def test_dapo_overlong_punishment_reaches_the_trained_rewards(run_controller):
+    summary, steps = run_controller(SMALL + ["algorithm=dapo", "task.max_new_tokens=8"])
     for record in steps:
         assert -1.0 <= record["rollout/overlong_penalty"] < 0
         assert record["buffer/groups_kept"] > 0
     assert summary["policy_version"] == 2
 
 
-def test_dapo_stops_sampling_once_the_batch_is_full(ray_cpu, tiny_model_dir, tmp_path):
-    _, steps = run(["algorithm=dapo", "algorithm.overlong_filter=true"], tiny_model_dir, tmp_path)
+def test_dapo_stops_sampling_once_the_batch_is_full(run_controller):
+    _, steps = run_controller(SMALL + ["algorithm=dapo", "algorithm.overlong_filter=true"])
     for record in steps:
         assert record["buffer/groups_kept"] == 4
         assert 1 <= record["rollout/sampling_rounds"] <= 4
 
 
-def test_critic_pretrain_steps_leave_the_policy_alone(ray_cpu, tiny_model_dir, tmp_path):
-    summary, steps = run(
-        ["algorithm=ppo", "critic.pretrain_steps=1", "algorithm.kl_target=0.1"],
-        tiny_model_dir,
-        tmp_path,
+def test_critic_pretrain_steps_leave_the_policy_alone(run_controller):
+    summary, steps = run_controller(
+        SMALL + ["algorithm=ppo", "critic.pretrain_steps=1", "algorithm.kl_target=0.1"]
     )
     assert "train/loss" not in steps[0] and "critic/loss" in steps[0]
     assert "train/loss" in steps[1]

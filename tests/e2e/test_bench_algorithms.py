@@ -39,9 +39,10 @@ def test_bench_algorithms_writes_a_record_per_preset(tmp_path):
     assert [r["algorithm"] for r in records] == ["ppo", "dapo"]
     for record in records:
         assert set(record) >= KEYS
-        assert 1 <= record["steps"] <= 2 and record["wall_s"] > 0
-        # the budget of 2 x 4 x 4 samples holds; dynamic sampling may finish its last batch
-        assert record["samples"] <= 2 * 4 * 4 + 4 * 4
+        # DAPO on the untrained model may filter every group: the budget then runs out
+        # before a batch with signal is complete, and no step trains
+        assert 0 <= record["steps"] <= 2 and record["wall_s"] > 0
+        assert record["samples"] <= 2 * 4 * 4  # the budget of 2 x 4 x 4 samples holds
         assert 0 <= record["eval_accuracy_after"] <= 1
 
 

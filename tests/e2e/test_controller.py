@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import json
 
-from rlsys.config.loader import load_config
-from rlsys.controller import Controller
-from rlsys.data.tasks import load_task
-from rlsys.models.loading import load_tokenizer
-from rlsys.placement import Roles
-from rlsys.pools import start_pools
-from rlsys.tracking import Tracker
-
-
-def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(
-    ray_cpu, tiny_model_dir, tmp_path
-):
-    cfg = load_config(
+def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(run_controller):
+    summary, steps = run_controller(
         [
             "trainer.total_steps=3",
             "trainer.eval_every=2",
@@ -31,21 +19,10 @@ def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(
             "task.reward=digit_fraction",
         ]
     )
-    tok = load_tokenizer(tiny_model_dir)
-    task = load_task(cfg.task, seed=0)
-    pools = start_pools(cfg, tiny_model_dir, Roles(reference=True))
-    tracker = Tracker(tmp_path, cfg.tracking, "t", {}, cfg.trainer.total_steps)
-    try:
-        summary = Controller(cfg, pools, tok, task, tracker).run()
-    finally:
-        tracker.close()
-        pools.shutdown()
     assert summary["steps"] == 3 and summary["policy_version"] == 3
     assert summary["samples"] == 3 * 8 * 4
     assert [e["step"] for e in summary["eval_history"]] == [0, 2, 3]
     assert 0.0 <= summary["eval_accuracy_after"] <= 1.0
-    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r["step"] > 0]
     assert len(steps) == 3
     for record in steps:
         for key in (

@@ -26,6 +26,7 @@ from rlsys.algorithms.losses import (
 )
 from rlsys.algorithms.names import ADVANTAGE_ESTIMATORS
 from rlsys.algorithms.objectives import PolicyObjective, ValueObjective
+from rlsys.algorithms.offpolicy import importance_weights
 from rlsys.algorithms.shaping import overlong_buffer_len, overlong_penalty
 
 # ---- advantage estimators ------------------------------------------------------------------
@@ -417,3 +418,58 @@ def test_overlong_penalty_hand_example():
     assert not overlong_penalty(lengths, 10, 0).any()
     assert overlong_buffer_len(20480, 0.2) == 4096
     assert overlong_buffer_len(4, 0.2) == 0  # too short a budget: off
+
+
+# ---- off-policy correction ------------------------------------------------------------------
+
+
+def _offpolicy_case():
+    # ratios pi_old / pi_behaviour of 1, e (2.72), 0.5 on trained tokens; the last is padding
+    behaviour = np.log(np.array([[0.5, 0.1, 0.4, 0.3]], dtype=np.float32))
+    old = np.log(np.array([[0.5, 0.1 * math.e, 0.2, 0.9]], dtype=np.float32))
+    mask = np.array([[1, 1, 1, 0]], dtype=np.float32)
+    return old, behaviour, mask
+
+
+def test_truncated_importance_sampling_caps_the_ratio():
+    old, behaviour, mask = _offpolicy_case()
+    weights, metrics = importance_weights(old, behaviour, mask, "tis", cap=2.0)
+    np.testing.assert_allclose(weights, [[1.0, 2.0, 0.5, 0.0]], rtol=1e-5)
+    assert metrics["offpolicy/capped_frac"] == pytest.approx(1 / 3)
+    assert metrics["offpolicy/ratio_max"] == pytest.approx(math.e, rel=1e-5)
+    assert metrics["offpolicy/ratio_mean"] == pytest.approx((1 + math.e + 0.5) / 3, rel=1e-5)
+
+
+def test_decoupled_ppo_rejects_tokens_over_the_cap():
+    old, behaviour, mask = _offpolicy_case()
+    weights, metrics = importance_weights(old, behaviour, mask, "decoupled", cap=2.0)
+    np.testing.assert_allclose(weights, [[1.0, 0.0, 0.5, 0.0]], rtol=1e-5)
+    assert metrics["offpolicy/weight_mean"] == pytest.approx(0.5, rel=1e-5)
+
+
+def test_no_correction_still_reports_the_mismatch():
+    old, behaviour, mask = _offpolicy_case()
+    weights, metrics = importance_weights(old, behaviour, mask, "none", cap=2.0)
+    assert weights is None
+    assert metrics["offpolicy/weight_mean"] == 1.0
+    assert metrics["offpolicy/ratio_max"] == pytest.approx(math.e, rel=1e-5)
+    with pytest.raises(ValueError, match="algorithm.off_policy"):
+        importance_weights(old, behaviour, mask, "is", cap=2.0)
+
+
+def test_policy_objective_weights_only_the_policy_gradient_term():
+    logprobs = torch.tensor([[-1.0, -2.0]])
+    batch = {
+        "old_logprobs": torch.tensor([[-1.0, -2.0]]),
+        "advantages": torch.tensor([[1.0, -1.0]]),
+        "ref_logprobs": torch.tensor([[-1.5, -2.0]]),
+    }
+    objective = PolicyObjective(kl_coef=0.1, kl_estimator="k2")
+    plain, _ = objective({"logprobs": logprobs}, batch)
+    weighted, _ = objective(
+        {"logprobs": logprobs}, {**batch, "is_weights": torch.tensor([[2.0, 0.0]])}
+    )
+    kl = kl_estimate(logprobs, batch["ref_logprobs"], "k2")
+    # ratio 1: the PPO term is -A per token; the KL term is not reweighted
+    torch.testing.assert_close(plain, torch.tensor([[-1.0, 1.0]]) + 0.1 * kl)
+    torch.testing.assert_close(weighted, torch.tensor([[-2.0, 0.0]]) + 0.1 * kl)

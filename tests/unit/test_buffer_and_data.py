@@ -1,4 +1,4 @@
-"""Buffer staleness/filtering, the arithmetic task, file datasets, collation and sampling."""
+"""The arithmetic task, file datasets, collation and sampling."""
 
 from __future__ import annotations
 
@@ -10,42 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlsys.backends.data_parallel import forward_plan, train_plan
-from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.config.schema import TaskConfig
 from rlsys.data.collate import pack, position_ids
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import arithmetic_problem, load_task
-from rlsys.types import Completion, Prompt, RolloutGroup, Sample
-
-
-def _group(rewards, version=0):
-    prompt = Prompt(0, "1+1=", "200")
-    samples = [
-        Sample(prompt, [1], Completion([2], [-0.1], "stop", version), "x", r) for r in rewards
-    ]
-    return RolloutGroup(prompt, samples)
-
-
-def test_buffer_refuses_stale_groups_and_counts_them():
-    buffer = StreamingBuffer(max_staleness=0)
-    assert buffer.put(_group([0, 1], version=3), policy_version=3)
-    assert not buffer.put(_group([0, 1], version=2), policy_version=3)
-    assert buffer.stats.dropped_stale == 2 and buffer.stats.admitted == 2
-    # a group that goes stale while waiting is dropped at release
-    assert buffer.take(10, policy_version=4) == []
-    assert buffer.stats.dropped_stale == 4
-
-
-def test_buffer_filter_hook_and_fifo_order():
-    buffer = StreamingBuffer(max_staleness=1, group_filter=has_reward_variance)
-    a, b = _group([0, 1]), _group([1, 0.5])
-    assert not buffer.put(_group([1, 1]), 0)
-    buffer.put(a, 0)
-    buffer.put(b, 1)
-    assert buffer.stats.dropped_filtered == 2
-    assert buffer.take(1, 1) == [a]
-    assert buffer.take(5, 1) == [b]
-    assert len(buffer) == 0
+from rlsys.types import Prompt
 
 
 def test_arithmetic_answers_are_padded_and_reversed():

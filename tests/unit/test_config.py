@@ -58,7 +58,16 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("model.hidden_size=64", "head_dim"),
         ("task.operators=[/]", "task.operators"),
         ("eval.num_prompts=100000", "eval.num_prompts"),
-        ("buffer.max_staleness=2", "buffer.max_staleness"),
+        ("buffer.max_staleness=17", "buffer.max_staleness"),
+        ("buffer.max_staleness=-1", "buffer.max_staleness"),
+        (
+            "algorithm=reinforce_pp buffer.max_staleness=1 algorithm.policy_loss=vanilla "
+            "learner.ppo_epochs=1",
+            "buffer.max_staleness=0",
+        ),
+        ("algorithm.off_policy=is", "algorithm.off_policy"),
+        ("algorithm.off_policy_cap=0.5", "algorithm.off_policy_cap"),
+        ("rollout.prompts_per_request=0", "rollout.prompts_per_request"),
         ("algorithm.kl_estimator=k9", "algorithm.kl_estimator"),
         ("algorithm=nope", "algorithm/nope"),
         ("rollout.n_samples=1", "rollout.n_samples"),

@@ -1,0 +1,135 @@
+"""One rollout loop per rollout worker: requests in, complete unscored groups out."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+from collections.abc import Callable
+
+from rlsys.buffer import StreamingBuffer
+from rlsys.pipeline.feeder import Request
+from rlsys.pipeline.gate import RolloutGate
+from rlsys.pipeline.loop import Loop
+from rlsys.types import Completion, Prompt, RolloutGroup, SamplingParams
+
+# (worker, prompt ids, sampling, seed, per-prompt token budgets) -> completions per prompt
+GenerateOn = Callable[
+    [int, list[list[int]], SamplingParams, int | None, list[int] | None], list[list[Completion]]
+]
+BuildGroups = Callable[
+    [list[Prompt], list[list[int]], list[list[Completion]], list[Completion] | None],
+    list[RolloutGroup],
+]
+
+
+class RolloutLoop(Loop):
+    """Consumes: ``Request``s from the feeder. Produces: complete groups (every sample
+    finished) on ``groups`` for scoring, then one ``None`` when it ends. Waits for: a request,
+    the gate to open (a weight update in progress), its worker's generation. Unblocked by: the
+    feeder, the learner re-opening the gate.
+
+    With ``partial`` rollouts, samples a weight update aborted are continued from their prefix
+    under the new weights (each token keeps the version that produced it). Without, requests
+    only end aborted when the run stops. ``greedy_baseline`` (ReMax) adds one greedy reply
+    per prompt."""
+
+    def __init__(
+        self,
+        worker: int,
+        generate_on: GenerateOn,
+        build_groups: BuildGroups,
+        gate: RolloutGate,
+        buffer: StreamingBuffer,
+        requests: queue.Queue,
+        groups: queue.Queue,
+        sampling: SamplingParams,
+        seed: int,
+        greedy_baseline: bool,
+        partial: bool,
+        on_failure,
+    ) -> None:
+        super().__init__(on_failure)
+        self.name = f"rollout-{worker}"
+        self.worker, self.generate_on, self.build_groups = worker, generate_on, build_groups
+        self.gate, self.buffer = gate, buffer
+        self.requests, self.groups = requests, groups
+        self.sampling, self.seed = sampling, seed
+        self.greedy_baseline, self.partial = greedy_baseline, partial
+        self.calls = 0  # generation calls made (each gets its own seed)
+        self.continued = 0  # samples continued after an abort
+
+    def run(self) -> None:
+        try:
+            while (request := self.requests.get()) is not None:
+                try:
+                    groups = self._rollout(request)
+                except BaseException:
+                    self.buffer.cancel(len(request.prompts), "failed")
+                    raise
+                if groups is None:  # the run is ending
+                    self.buffer.cancel(len(request.prompts), "unused")
+                    continue
+                for group in groups:
+                    self.groups.put(group)
+        finally:
+            self.groups.put(None)
+
+    def _rollout(self, request: Request) -> list[RolloutGroup] | None:
+        completions = self._complete(request.prompt_ids, self.sampling)
+        if completions is None:
+            return None
+        baseline = None
+        if self.greedy_baseline:
+            greedy = dataclasses.replace(self.sampling, n=1, greedy=True)
+            replies = self._complete(request.prompt_ids, greedy)
+            if replies is None:
+                return None
+            baseline = [r[0] for r in replies]
+        return self.build_groups(request.prompts, request.prompt_ids, completions, baseline)
+
+    def _call(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, budgets: list[int] | None
+    ) -> list[list[Completion]] | None:
+        """One generation call through the gate; None once the run is ending."""
+        if not self.gate.enter():
+            return None
+        try:
+            self.calls += 1
+            with self.busy():
+                return self.generate_on(
+                    self.worker, prompt_ids, sampling, self.seed + self.calls, budgets
+                )
+        finally:
+            self.gate.leave()
+
+    def _complete(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams
+    ) -> list[list[Completion]] | None:
+        """``sampling.n`` finished completions per prompt, continuing aborted ones (partial
+        rollouts); None if the run ends first."""
+        out = self._call(prompt_ids, sampling, None)
+        while out is not None:
+            pending = []
+            for i, group in enumerate(out):
+                for j, c in enumerate(group):
+                    if c.finish_reason != "abort":
+                        continue
+                    if len(c.token_ids) >= sampling.max_new_tokens:  # nothing left to continue
+                        group[j] = dataclasses.replace(c, finish_reason="length")
+                    else:
+                        pending.append((i, j))
+            if not pending:
+                return out
+            if not self.partial:  # aborted only because the run is ending
+                return None
+            more = self._call(
+                [prompt_ids[i] + out[i][j].token_ids for i, j in pending],
+                dataclasses.replace(sampling, n=1),
+                [sampling.max_new_tokens - len(out[i][j].token_ids) for i, j in pending],
+            )
+            if more is None:
+                return None
+            self.continued += len(pending)
+            for (i, j), tail in zip(pending, more, strict=True):
+                out[i][j] = out[i][j].continued(tail[0])
+        return None
