@@ -6,7 +6,8 @@
 Runs ``rlsys train buffer.max_staleness=<s>`` once per bound (a fresh process and Ray each)
 with the rollout worker and the learner on separate cores (``placement=disaggregated``, one
 CPU each) and ``trainer.max_samples`` = steps x data.batch_size x rollout.n_samples, so every
-mode generates the same samples. Prints trained samples per second of training wall time
+mode generates the same samples, from the same cached warm start. The workload defaults to
+``DEFAULTS`` below (vLLM, one learner pass per batch, truncated importance sampling). Prints trained samples per second of training wall time
 (evaluation excluded), the speedup over synchronous (the first bound given, normally 0), each
 pool's mean idle fraction, stale drops and held-out greedy accuracy after training.
 ``--json PATH`` writes the records (keys ``mode``, ``max_staleness``, ``samples_per_s``,
@@ -26,14 +27,21 @@ import numpy as np
 
 from rlsys.bench_runs import run_train, write_records
 
-# Rollout and learner get one core each; both pools run the same work in every mode.
+# Rollout and learner get one core each; both pools run the same work in every mode. No
+# group filter: every generated sample is trained on unless it goes stale, so the modes
+# differ only in what overlaps.
 PLACEMENT = [
     "placement=disaggregated",
     "rollout.num_workers=1",
     "rollout.num_cpus_per_worker=1",
     "learner.world_size=1",
     "learner.num_cpus_per_rank=1",
+    "algorithm.filter_uniform_groups=false",
 ]
+# The workload, overridable: vLLM generation and one learner pass per batch keep the two pools
+# about equally busy in synchronous mode (so overlap has something to gain), and truncated
+# importance sampling corrects for the policy lag. docs/async.md has runs without these.
+DEFAULTS = ["rollout.engine=vllm", "learner.ppo_epochs=1", "algorithm.off_policy=tis"]
 MODES = {0: "sync", 1: "one_step_off"}
 
 
@@ -45,6 +53,7 @@ def run_mode(staleness: int, steps: int, overrides: list[str], out_dir: Path) ->
     """One ``rlsys train`` run at ``buffer.max_staleness=staleness``; returns its record."""
     from rlsys.config.loader import load_config
 
+    overrides = [*DEFAULTS, *overrides]
     cfg = load_config([*PLACEMENT, *overrides])
     budget = steps * cfg.data.batch_size * cfg.rollout.n_samples
     run = run_train(

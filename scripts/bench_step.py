@@ -13,7 +13,6 @@ it starts from the untrained built-in model with group filtering off, so every s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,6 +31,7 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
+    from rlsys.bench_runs import write_records
     from rlsys.config.loader import load_config
     from rlsys.config.schema import TrackingConfig
 
@@ -113,9 +113,7 @@ def main() -> int:
         f"samples/s {samples / step_mean:.0f}, tokens/s "
         f"{statistics.mean(column('perf/tokens_per_s')):.0f}"
     )
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"wrote {args.json_path}")
+    write_records(args.json_path, rows)
     return 0
 
 

@@ -28,7 +28,6 @@ load_seconds, load_gbps, buckets, memcpy_gbps).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -280,10 +279,9 @@ def main() -> int:
             )
     finally:
         ray.shutdown()
-    if args.json_path:
-        with open(args.json_path, "w") as fh:
-            json.dump(records, fh, indent=1)
-        print(f"wrote {args.json_path}")
+    from rlsys.bench_runs import write_records
+
+    write_records(args.json_path, records)
     return 0
 
 
