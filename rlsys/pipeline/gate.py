@@ -73,8 +73,3 @@ class RolloutGate:
             self._cond.notify_all()
         if running:
             self.abort()
-
-    @property
-    def stopped(self) -> bool:
-        with self._cond:
-            return self._stopped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import ray
@@ -82,18 +83,6 @@ class RolloutPool:
         ]
         ray.get([w.version.remote() for w in self.workers])  # wait until every engine is up
 
-    def with_defaults(self, sampling: SamplingParams, seed: int | None) -> SamplingParams:
-        """``sampling`` seeded ``seed``, its stop strings and tokens defaulting to
-        ``rollout.stop`` / ``rollout.stop_token_ids``."""
-        return SamplingParams(
-            **{
-                **vars(sampling),
-                "seed": seed,
-                "stop": list(sampling.stop or self.cfg.stop),
-                "stop_token_ids": list(sampling.stop_token_ids or self.cfg.stop_token_ids),
-            }
-        )
-
     def submit(
         self,
         worker: int,
@@ -102,9 +91,15 @@ class RolloutPool:
         seed: int | None = None,
         budgets: list[int] | None = None,
     ) -> ray.ObjectRef:
-        """Start generating ``prompts`` on worker ``worker``; the ref resolves to completions
-        per prompt (see ``RolloutWorker.generate``)."""
-        params = self.with_defaults(sampling, seed)
+        """Start generating ``prompts`` on worker ``worker``, seeded ``seed``, stop strings and
+        tokens defaulting to ``rollout.stop`` / ``rollout.stop_token_ids``; the ref resolves
+        to completions per prompt (see ``RolloutWorker.generate``)."""
+        params = dataclasses.replace(
+            sampling,
+            seed=seed,
+            stop=list(sampling.stop or self.cfg.stop),
+            stop_token_ids=list(sampling.stop_token_ids or self.cfg.stop_token_ids),
+        )
         return self.workers[worker].generate.remote(prompts, params, budgets)
 
     def generate_on(
