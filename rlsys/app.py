@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -101,36 +104,144 @@ def warm_start(
     return str(target), {"cached": False, "path": str(target), **info}
 
 
+@contextlib.contextmanager
+def _on_sigterm(event: threading.Event):
+    """While the block runs, SIGTERM (Slurm and Kubernetes preemption) sets ``event``: the
+    controller checkpoints after the current step and stops."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed on the main thread
+        return
+
+    def handler(signum, frame):
+        log.warning("SIGTERM: checkpointing after the current step, then exiting")
+        event.set()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _screened_task(cfg: TrainConfig, tokenizer) -> TaskSplits:
+    """The task's splits without prompts too long to use; logs what was left out."""
+    collector = RolloutCollector.for_task(None, tokenizer, cfg.task)
+    task = load_task(cfg.task, cfg.run.seed).screen_prompts(collector.encode)
+    info = task.summary()
+    log.info(
+        "dataset: %d train / %d eval prompts; skipped %d malformed rows and %d prompts over "
+        "task.max_prompt_tokens=%d",
+        info["train_prompts"],
+        info["eval_prompts"],
+        info["skipped_malformed_rows"],
+        info["skipped_too_long"],
+        cfg.task.max_prompt_tokens,
+    )
+    return task
+
+
+def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path]] | None:
+    """The run directory to continue and its checkpoints to try, newest first (None: a fresh
+    run)."""
+    from rlsys.checkpoint import CheckpointError, CheckpointStore, resolve_resume
+
+    if not cfg.resume:
+        return None
+    found = resolve_resume(cfg.resume, cfg.run.output_dir, cfg.run.name)
+    if found is None:
+        log.info("resume=auto: no checkpoint under %s, starting a fresh run", cfg.run.output_dir)
+        return None
+    run_dir, chosen = found
+    complete = CheckpointStore(run_dir / "checkpoints", cfg.checkpoint.keep).complete()
+    if chosen is not None:
+        complete = [p for p in complete if p == chosen]
+    if not complete:
+        raise CheckpointError(
+            f"resume={cfg.resume}: {chosen or run_dir / 'checkpoints'} holds no complete "
+            "checkpoint (see the warnings above); pass an earlier one or start fresh"
+        )
+    return run_dir, complete
+
+
+def _restore_latest(controller, candidates: list[Path]) -> Path:
+    """Restore the newest checkpoint that loads; a damaged one falls back to the previous."""
+    for path in candidates:
+        try:
+            controller.restore(path)
+            return path
+        except Exception as exc:  # noqa: BLE001 - any unreadable part means: try an older one
+            log.warning("checkpoint %s does not load (%s): trying the previous one", path, exc)
+    from rlsys.checkpoint import CheckpointError
+
+    raise CheckpointError(f"no checkpoint of {[str(p) for p in candidates]} loads; see above")
+
+
 def train(cfg: TrainConfig) -> Path:
-    """``rlsys train``: warm start (if enabled), RL, final eval; returns summary.json's path."""
+    """``rlsys train``: warm start (if enabled), RL, final eval; returns summary.json's path.
+    With ``resume`` it continues a run from its latest complete checkpoint."""
+    from rlsys.checkpoint import CheckpointStore, read_trainer_state
     from rlsys.controller import Controller, save_final_policy
     from rlsys.pools import start_pools
 
     started = time.perf_counter()
     roles = Roles.for_rl(cfg)
     preflight(cfg, roles)
-    run_dir = make_run_dir(cfg, "train")
+    resume = _resume_point(cfg)
+    saved: dict = {}
+    if resume is None:
+        run_dir = make_run_dir(cfg, "train")
+    else:
+        run_dir, candidates = resume
+        saved = read_trainer_state(candidates[0])["run_info"]
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        log.info("resuming %s from %s", run_dir, candidates[0])
     log.info("run directory: %s", run_dir)
     connect_ray(cfg, roles)
     base = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(base)
-    task = load_task(cfg.task, cfg.run.seed)
+    task = _screened_task(cfg, tokenizer)
     policy_path, warm = base, None
-    if cfg.warm_start.enabled:
+    if saved.get("model_path") and Path(saved["model_path"]).exists():
+        policy_path, warm = saved["model_path"], saved.get("warm_start")
+    elif cfg.warm_start.enabled:
         policy_path, warm = warm_start(cfg, base, tokenizer, task, run_dir)
     pools = start_pools(cfg, policy_path, roles)
-    tracker = Tracker(run_dir, cfg.tracking, run_dir.name, _plain(cfg), cfg.trainer.total_steps)
+    tracker = Tracker(
+        run_dir,
+        cfg.tracking,
+        run_dir.name,
+        _plain(cfg),
+        cfg.trainer.total_steps,
+        run_id=saved.get("tracker_run_id"),
+    )
+    final = None
     try:
-        summary = Controller(cfg, pools, tokenizer, task, tracker).run()
-        final = save_final_policy(pools, run_dir)
+        controller = Controller(
+            cfg,
+            pools,
+            tokenizer,
+            task,
+            tracker,
+            CheckpointStore(run_dir / "checkpoints", cfg.checkpoint.keep),
+            {"model_path": policy_path, "warm_start": warm, "tracker_run_id": tracker.run_id},
+        )
+        resumed_from = None
+        if resume is not None:
+            resumed_from = _restore_latest(controller, candidates)
+        with _on_sigterm(controller.preempt):
+            summary = controller.run()
+        if not summary["preempted"]:
+            final = save_final_policy(pools, run_dir)
     finally:
         tracker.close()
         pools.shutdown()
     summary.update(
         run_dir=str(run_dir),
         model_path=policy_path,
-        final_model=str(final),
+        final_model=str(final) if final else None,
         warm_start=warm,
+        resumed_from=str(resumed_from) if resumed_from else None,
+        dataset=task.summary(),
         total_wall_s=time.perf_counter() - started,
     )
     return write_summary(run_dir, summary)
@@ -187,3 +298,23 @@ def _plain(cfg: TrainConfig) -> dict:
     import yaml
 
     return yaml.safe_load(to_yaml(cfg))
+
+
+def export_policy(checkpoint: str, out_dir: str) -> Path:
+    """``rlsys export``: the policy of a checkpoint (``checkpoints/step_<N>`` or its
+    ``policy/``) as a Hugging Face directory, read straight from the shards."""
+    from rlsys.backends.export import export_hf
+    from rlsys.checkpoint import CheckpointError, problem
+
+    path = Path(checkpoint).expanduser().resolve()
+    if (path / "policy").is_dir():
+        reason = problem(path)
+        if reason is not None:
+            raise CheckpointError(f"checkpoint {path} is not usable: {reason}")
+        path = path / "policy"
+    out = Path(out_dir).expanduser().resolve()
+    try:
+        export_hf(str(path), str(out))
+    except FileNotFoundError as exc:  # the backend's own errors are CheckpointErrors
+        raise CheckpointError(str(exc)) from exc
+    return out

@@ -93,6 +93,7 @@ class StreamingBuffer:
         self._in_flight = 0  # reserved, not yet queued or dropped
         self._dropped = Counter()  # reason -> groups
         self._closed = False
+        self._paused = False  # no reservations granted (a checkpoint is being taken)
 
     # ---- the feeder's side ---------------------------------------------------------------
 
@@ -112,7 +113,7 @@ class StreamingBuffer:
         """Block until at least one group may be issued, then reserve up to ``max_groups``;
         returns how many (0 once the buffer is closed or the sample budget is spent)."""
         with self._cond:
-            while not self._closed and self._capacity() == 0 and not self._budget_spent():
+            while not self._closed and (self._paused or self._no_room()):
                 self._cond.wait()
             if self._closed or self._budget_spent():
                 return 0
@@ -121,6 +122,9 @@ class StreamingBuffer:
             self._in_flight += granted
             self.stats.issued += granted * self.group_size
             return granted
+
+    def _no_room(self) -> bool:
+        return self._capacity() == 0 and not self._budget_spent()
 
     def _budget_spent(self) -> bool:
         return self.max_groups is not None and self._issued >= self.max_groups
@@ -213,6 +217,61 @@ class StreamingBuffer:
         with self._cond:
             done = self._budget_spent() or self._closed
             return done and self._in_flight == 0 and not self._groups
+
+    # ---- checkpoints ---------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Grant no reservations until ``resume`` (groups already issued still arrive)."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def wait_drained(self, timeout_s: float | None = None) -> bool:
+        """Wait until no group is in flight (every reservation queued or dropped); with
+        ``pause`` held, the buffer's state then stands still. False on timeout or close."""
+        with self._cond:
+            return (
+                self._cond.wait_for(lambda: self._in_flight == 0 or self._closed, timeout=timeout_s)
+                and self._in_flight == 0
+            )
+
+    def state_dict(self) -> dict:
+        """Counters and queued groups (call drained: ``pause`` + ``wait_drained``)."""
+        with self._cond:
+            if self._in_flight:
+                raise RuntimeError(
+                    f"buffer.state_dict with {self._in_flight} groups in flight: pause and "
+                    "wait_drained first"
+                )
+            return {
+                "stats": {
+                    "issued": self.stats.issued,
+                    "admitted": self.stats.admitted,
+                    "released": self.stats.released,
+                    "dropped": dict(self.stats.dropped),
+                },
+                "version": self._version,
+                "steps": self._steps,
+                "issued": self._issued,
+                "dropped": dict(self._dropped),
+                "groups": list(self._groups),
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        with self._cond:
+            stats = state["stats"]
+            self.stats = BufferStats(
+                stats["issued"], stats["admitted"], stats["released"], Counter(stats["dropped"])
+            )
+            self._version, self._steps = state["version"], state["steps"]
+            self._issued, self._dropped = state["issued"], Counter(state["dropped"])
+            self._groups = deque(state["groups"])
+            self._in_flight = 0
+            self._cond.notify_all()
 
     # ---- the end of a run ----------------------------------------------------------------
 

@@ -16,6 +16,10 @@ COMMANDS = {
     "sft": "supervised fine-tuning on the learner backend",
     "eval": "greedy held-out accuracy of model.path on task",
 }
+EXPORT_HELP = "write a checkpoint's policy as a Hugging Face directory (no Ray, no learners)"
+
+
+PREEMPTED_EXIT = 143  # 128 + SIGTERM: the shell's code for "terminated", so schedulers requeue
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,11 +31,28 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         cmd.add_argument("--cfg", choices=["job"], help="print the resolved config and exit")
         cmd.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data.batch_size=16")
+    export = sub.add_parser("export", help=EXPORT_HELP, description=EXPORT_HELP)
+    export.add_argument("checkpoint", help="a run's checkpoints/step_<N> (or its policy/)")
+    export.add_argument("out_dir", help="where the Hugging Face directory goes")
     return parser
+
+
+def _export(checkpoint: str, out_dir: str) -> int:
+    from rlsys.app import export_policy
+    from rlsys.checkpoint import CheckpointError
+
+    try:
+        print(f"exported: {export_policy(checkpoint, out_dir)}")
+    except CheckpointError as exc:
+        print(f"rlsys export: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "export":
+        return _export(args.checkpoint, args.out_dir)
     from rlsys.config import ConfigError
     from rlsys.config.loader import load_config, to_yaml
 
@@ -55,18 +76,32 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
     from rlsys import app
+    from rlsys.checkpoint import CheckpointError
     from rlsys.runtime import quiet_libraries
 
     quiet_libraries()
     try:
         if args.command == "train":
-            print(f"summary: {app.train(cfg)}")
+            path = app.train(cfg)
+            print(f"summary: {path}")
+            summary = json.loads(path.read_text())
+            if summary["preempted"]:
+                print(
+                    f"rlsys train: stopped by SIGTERM after step {summary['steps']}; "
+                    f"checkpoint {summary['last_checkpoint']}. Run the same command with "
+                    "resume=auto to continue.",
+                    file=sys.stderr,
+                )
+                return PREEMPTED_EXIT
         elif args.command == "sft":
             print(f"summary: {app.sft(cfg)}")
         else:
             print(json.dumps(app.evaluate(cfg), indent=2))
     except ConfigError as exc:
         print(f"rlsys {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except CheckpointError as exc:
+        print(f"rlsys {args.command}: checkpoint error: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -17,6 +17,10 @@ groups as they finish, into the streaming buffer; this thread is the learner::
         learner  <- policy update (PPO clip / GSPO / vanilla)    (train)
         critic   <- value regression onto the returns            (critic_train)
         gate shut: v += 1; engines <- weights v; eval            (weight_sync)
+    every checkpoint.every steps, at exit and on SIGTERM: feeder paused, in-flight groups
+        drained, learners + controller state saved          (controller_recovery.py)
+    a worker process dies: replace it; a rollout request is retried, a failed step goes
+        back to the latest checkpoint                         (controller_recovery.py)
 
 ``buffer.max_staleness=0`` is synchronous on-policy training: the next batch is issued only
 once the new weights are in the engines. ``1`` overlaps the next batch's generation with
@@ -25,8 +29,10 @@ this step's training (one-step-off); more is fully asynchronous.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,11 +44,14 @@ from rlsys.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlsys.algorithms.objectives import ValueObjective
 from rlsys.algorithms.recipe import Recipe
 from rlsys.buffer import StreamingBuffer, has_reward_variance
+from rlsys.checkpoint import CheckpointStore, step_of
 from rlsys.collector import RolloutCollector
 from rlsys.config.schema import TrainConfig
+from rlsys.controller_recovery import Recoverable
 from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
+from rlsys.faults import Restarts, nonfinite_streak
 from rlsys.pipeline import Pipeline
 from rlsys.pools import Pools
 from rlsys.tracking import Tracker
@@ -73,17 +82,29 @@ class RunTotals:
     response_tokens: int = 0
     eval_s: float = 0.0  # wall seconds spent evaluating (not counted in throughput)
     eval_history: list[dict] = field(default_factory=list)
+    accuracy_before: float | None = None  # eval at step 0
+    train_wall_s: float = 0.0  # wall seconds of training before this process (resumed runs)
+    nonfinite_steps: int = 0  # steps with an optimizer step skipped for a non-finite value
+    nonfinite_run: int = 0  # of those, in a row up to the latest step
 
 
-class Controller:
+class Controller(Recoverable):
     """Drives the pools through ``trainer.total_steps`` RL steps (fewer if a budget ends
     the run)."""
 
     def __init__(
-        self, cfg: TrainConfig, pools: Pools, tokenizer, task: TaskSplits, tracker: Tracker
+        self,
+        cfg: TrainConfig,
+        pools: Pools,
+        tokenizer,
+        task: TaskSplits,
+        tracker: Tracker,
+        checkpoints: CheckpointStore | None = None,
+        run_info: dict | None = None,
     ) -> None:
         self.cfg, self.pools, self.tracker, self.task = cfg, pools, tracker, task
-        self.version = 0
+        self.checkpoints = checkpoints  # None: no checkpoints (and no learner recovery from one)
+        self.run_info = dict(run_info or {})  # saved in checkpoints (model path, tracker run id)
         algo = cfg.algorithm
         if algo.uses_critic and pools.critic is None:
             raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
@@ -91,52 +112,72 @@ class Controller:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
         self.collector = RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
         self.recipe = Recipe(algo, cfg.rollout.n_samples, task.max_new_tokens)
-        n, batch = cfg.rollout.n_samples, cfg.data.batch_size
-        budget = cfg.trainer.max_samples
-        self.buffer = StreamingBuffer(
-            batch,
-            n,
-            cfg.buffer.max_staleness,
-            has_reward_variance if algo.filter_uniform_groups else None,
-            draw_rounds=algo.max_sampling_rounds if algo.dynamic_sampling else 1,
-            max_groups=None if budget is None else math.ceil(budget / n),
-            max_steps=cfg.trainer.total_steps,
-        )
-        sampling = SamplingParams(
-            n=n,
+        self.sampling = SamplingParams(
+            n=cfg.rollout.n_samples,
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
             max_new_tokens=task.max_new_tokens,
         )
         self.pad_id = tokenizer.pad_token_id
+        self.preempt = threading.Event()  # set (by a SIGTERM handler): checkpoint and stop
+        self.restarts = Restarts()
+        # Held from a policy update until its weights are in the engines, so a replaced
+        # rollout worker is sent weights that match the current version.
+        self._weights_lock = threading.RLock()
+        self._last_saved: Path | None = None
+        self._set_learning_rates()
+        self._reset()
+
+    def _reset(self) -> None:
+        """Fresh run state: buffer, sampler, loops, counters (then a checkpoint may load)."""
+        cfg, algo = self.cfg, self.cfg.algorithm
+        budget = cfg.trainer.max_samples
+        self.version = 0
+        self.buffer = StreamingBuffer(
+            cfg.data.batch_size,
+            cfg.rollout.n_samples,
+            cfg.buffer.max_staleness,
+            has_reward_variance if algo.filter_uniform_groups else None,
+            draw_rounds=algo.max_sampling_rounds if algo.dynamic_sampling else 1,
+            max_groups=None if budget is None else math.ceil(budget / cfg.rollout.n_samples),
+            max_steps=cfg.trainer.total_steps,
+        )
+        self.sampler = PromptSampler(
+            self.task.train, cfg.data.batch_size, cfg.data.shuffle, cfg.run.seed
+        )
         self.pipeline = Pipeline(
             self.buffer,
-            PromptSampler(task.train, batch, cfg.data.shuffle, cfg.run.seed),
+            self.sampler,
             self.collector.encode,
             self.collector.build_groups,
             self.collector.score,
             self.recipe.shape_rewards,
-            pools.rollout.generate_on,
-            pools.rollout.abort,
-            len(pools.rollout.workers),
-            sampling,
+            self.pools.rollout.generate_on,
+            self.pools.rollout.abort,
+            len(self.pools.rollout.workers),
+            self.sampling,
             prompts_per_request=cfg.rollout.prompts_per_request,
             seed=cfg.run.seed * 1_000_003,
             greedy_baseline=algo.advantage in NEEDS_GREEDY_BASELINE,
             partial=cfg.rollout.partial_rollouts,
-            reference=self._reference_logprobs if pools.reference is not None else None,
+            reference=self._reference_logprobs if self.pools.reference is not None else None,
             pad_id=self.pad_id,
+            replace_worker=self._replace_rollout_worker,
         )
         self.totals = RunTotals()
         self._drawn = 0  # prompts drawn by the end of the previous step
         self._filtered = 0  # samples filtered by the end of the previous step
+        self._clock = time.perf_counter()  # training time is counted from here
 
     # ---- the algorithm -------------------------------------------------------------------
 
-    def step(self, step: int, evaluate: bool = False) -> dict[str, float] | None:
+    def step(
+        self, step: int, evaluate: bool = False, hold: bool = False
+    ) -> dict[str, float] | None:
         """One learner step on the next batch the pipeline delivers (and an evaluation after
         the weight update if ``evaluate``); returns its metrics, or None when the sample
-        budget is spent and nothing is left to train on.
+        budget is spent and nothing is left to train on. ``hold`` leaves the buffer paused
+        (no new prompts issued) for a checkpoint.
 
         Consumes: a batch of groups from the buffer. Produces: a new policy version in the
         engines. Waits for: a full batch (or for nothing more to be able to arrive), then for
@@ -161,21 +202,24 @@ class Controller:
         metrics = self._rollout_metrics()
         metrics.update(self._batch_metrics(kept))
         moved = False
-        if kept:
-            batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
-            metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
-            with timer("learner_logprobs"):
-                batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
-            metrics.update(self.recipe.off_policy_weights(batch))
-            token_kl = self.recipe.token_kl(batch) if batch.ref_logprobs is not None else None
-            if self.pools.critic is not None:
-                with timer("critic_values"):
-                    batch.values = self.pools.critic.forward_values(batch)
-            adv = self.recipe.advantages(batch, token_kl, self._greedy_baseline(kept))
-            batch.advantages, batch.returns = adv.advantages, adv.returns
-            update, moved = self._update(step, batch, token_kl, timer)
-            metrics.update(update)
-        metrics.update(self._publish(moved, evaluate, timer))
+        with self._weights_lock:
+            if kept:
+                batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
+                metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
+                with timer("learner_logprobs"):
+                    batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
+                metrics.update(self.recipe.off_policy_weights(batch))
+                token_kl = self.recipe.token_kl(batch) if batch.ref_logprobs is not None else None
+                if self.pools.critic is not None:
+                    with timer("critic_values"):
+                        batch.values = self.pools.critic.forward_values(batch)
+                adv = self.recipe.advantages(batch, token_kl, self._greedy_baseline(kept))
+                batch.advantages, batch.returns = adv.advantages, adv.returns
+                update, moved = self._update(step, batch, token_kl, timer)
+                metrics.update(update)
+            metrics.update(self._publish(moved, evaluate, timer))
+        if hold:
+            self.buffer.pause()
         self.buffer.step_done(self.version)
         return self._perf_metrics(metrics, timer, time.perf_counter() - started)
 
@@ -198,9 +242,30 @@ class Controller:
                 batch, self.recipe.policy_objective(), self._seed(step)
             )
         metrics.update(self._train_metrics(train, batch, token_kl))
+        self._count_nonfinite(train.get("skipped_steps", 0.0), step)
         if token_kl is not None:
             self.recipe.update_kl_coef(token_kl, batch.loss_mask)
         return metrics, train["trained_tokens"] > 0  # all masked out: the policy did not move
+
+    def _count_nonfinite(self, skipped: float, step: int) -> None:
+        """Count a step whose optimizer skipped a non-finite loss or gradient; stop the run
+        after ``fault.max_nonfinite_steps`` of them in a row."""
+        if not skipped:
+            self.totals.nonfinite_run = 0
+            return
+        self.totals.nonfinite_steps += 1
+        limit = self.cfg.fault.max_nonfinite_steps
+        log.warning(
+            "step %d: %d optimizer step(s) skipped for a non-finite loss or gradient norm "
+            "(fault.max_nonfinite_steps=%d in a row stop the run)",
+            step,
+            int(skipped),
+            limit,
+        )
+        latest = self.checkpoints.latest() if self.checkpoints is not None else None
+        self.totals.nonfinite_run = nonfinite_streak(
+            self.totals.nonfinite_run, skipped, limit, str(latest or "none saved yet")
+        )
 
     def _publish(self, moved: bool, evaluate: bool, timer: StageTimer) -> dict[str, float]:
         """With the rollout loops held between requests: a policy that changed becomes the
@@ -249,9 +314,8 @@ class Controller:
         self.totals.eval_s += metrics["time/eval"]
         return metrics
 
-    def run(self) -> dict:
-        """Evaluate; train until ``trainer.total_steps`` or a budget (evaluating every K
-        steps and at the end); check and report the sample accounting."""
+    def _set_learning_rates(self) -> None:
+        """Peak rates and cosine horizons of the policy (and critic) optimizers."""
         trainer, learner = self.cfg.trainer, self.cfg.learner
         policy_steps = trainer.total_steps - (
             self.cfg.critic.pretrain_steps if self.pools.critic is not None else 0
@@ -264,31 +328,53 @@ class Controller:
                 critic.optim.lr,
                 decay_steps=trainer.total_steps * critic.ppo_epochs * critic.num_mini_batches,
             )
-        before = self._log_eval(0, self._timed_evaluate())
-        self.totals.eval_s = 0.0
-        started = time.perf_counter()
+
+    def run(self) -> dict:
+        """Evaluate (unless resumed); train until ``trainer.total_steps``, a budget or a
+        SIGTERM (evaluating every K steps and at the end, checkpointing every
+        ``checkpoint.every`` steps and at exit); check and report the sample accounting."""
+        if self.totals.accuracy_before is None:
+            self.totals.accuracy_before = self._log_eval(0, self._timed_evaluate())
+            self.totals.eval_s = 0.0
+            self._clock = time.perf_counter()
+        self._initial = self.state_dict()  # what a learner failure before any checkpoint restores
         self.pipeline.start()
         try:
-            self._train_loop(started)
-            if self.totals.eval_history[-1]["step"] != self.totals.steps:
+            self._train_loop()
+            if self.preempt.is_set():
+                log.warning("SIGTERM: stopping after step %d", self.totals.steps)
+            elif self.totals.eval_history[-1]["step"] != self.totals.steps:
                 with self.pipeline.gate.shut():
                     self._log_eval(self.totals.steps, self._timed_evaluate())
+            saved = self._last_saved is not None and step_of(self._last_saved) == self.totals.steps
+            if self.checkpoints is not None and self.cfg.checkpoint.at_exit and not saved:
+                self.buffer.pause()
+                self.save_checkpoint()
         finally:
             self.pipeline.stop()
-        wall = time.perf_counter() - started
         self.pipeline.raise_if_failed()
         accounting = self.buffer.accounting()
         if not accounting["balanced"]:
             log.error("sample accounting does not balance (a bug; please report): %s", accounting)
-        return self._summary(before, wall, accounting)
+        return self._summary(self._elapsed(), accounting)
 
-    def _train_loop(self, started: float) -> None:
-        trainer = self.cfg.trainer
-        for step in range(1, trainer.total_steps + 1):
+    def _elapsed(self) -> float:
+        return self.totals.train_wall_s + time.perf_counter() - self._clock
+
+    def _train_loop(self) -> None:
+        trainer, every = self.cfg.trainer, self.cfg.checkpoint.every
+        while self.totals.steps < trainer.total_steps and not self.preempt.is_set():
+            step = self.totals.steps + 1
             evaluate = step == trainer.total_steps or bool(
                 trainer.eval_every and step % trainer.eval_every == 0
             )
-            metrics = self.step(step, evaluate)
+            save = self.checkpoints is not None and bool(every) and step % every == 0
+            try:
+                metrics = self.step(step, evaluate, hold=save)
+            except Exception as exc:
+                if not self._recover(exc):
+                    raise
+                continue
             if metrics is None:
                 log.info("trainer.max_samples=%s issued and used: stopping", trainer.max_samples)
                 return
@@ -296,7 +382,9 @@ class Controller:
             if evaluate:
                 self.totals.eval_history.append({"step": step, **metrics})
             self.tracker.log(step, metrics)
-            stop = self._budget_spent(time.perf_counter() - started)
+            if save:
+                self.save_checkpoint()
+            stop = self._budget_spent(self._elapsed())
             if stop and step < trainer.total_steps:
                 log.warning("%s reached at step %d: stopping", stop, step)
                 return
@@ -423,7 +511,7 @@ class Controller:
         metrics["pool/learner_idle_frac"] = timer.seconds["wait_for_batch"] / compute_s
         return metrics
 
-    def _summary(self, before: float, wall: float, accounting: dict) -> dict:
+    def _summary(self, wall: float, accounting: dict) -> dict:
         train_wall = wall - self.totals.eval_s
         trained = accounting["samples_trained"]
         return {
@@ -435,7 +523,7 @@ class Controller:
             "trained_samples_per_s": trained / train_wall if train_wall else 0.0,
             "tokens_per_s": self.totals.response_tokens / train_wall if train_wall else 0.0,
             "max_staleness": self.cfg.buffer.max_staleness,
-            "eval_accuracy_before": before,
+            "eval_accuracy_before": self.totals.accuracy_before,
             "eval_accuracy_after": self.totals.eval_history[-1]["eval/accuracy"],
             "eval_num_prompts": min(self.cfg.eval.num_prompts, len(self.task.eval)),
             "eval_history": [
@@ -449,6 +537,10 @@ class Controller:
             "reward_errors": self.collector.reward_errors,
             "prompts_skipped_too_long": self.collector.skipped_prompts,
             "policy_version": self.version,
+            "preempted": self.preempt.is_set(),
+            "last_checkpoint": str(self._last_saved) if self._last_saved else None,
+            "restarts": dataclasses.asdict(self.restarts),
+            "nonfinite_steps": self.totals.nonfinite_steps,
         }
 
 

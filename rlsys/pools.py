@@ -12,19 +12,10 @@ from rlsys.config.schema import TrainConfig
 from rlsys.placement import Roles, plan_placement, thread_env
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync import TRANSPORTS, SendResult, WeightTransport, WeightUpdate
+from rlsys.workers.calls import get_all
 from rlsys.workers.learner import LearnerGroup
 from rlsys.workers.reference import ReferenceWorker
 from rlsys.workers.rollout import RolloutPool
-
-
-def get_all(refs: list[ray.ObjectRef]) -> list:
-    """``ray.get`` that raises the first failure as soon as it happens: in a collective, the
-    other members would otherwise sit in the group until its timeout."""
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        ray.get(ready)
-    return ray.get(refs)
 
 
 @dataclass
@@ -37,6 +28,9 @@ class Pools:
     transport: WeightTransport
     bucket_bytes: int
     critic: LearnerGroup | None = None
+    # Start a fresh policy / critic learner group (for recovery after a rank died).
+    respawn_learner: Callable[[], LearnerGroup] | None = None
+    respawn_critic: Callable[[], LearnerGroup] | None = None
 
     def sync_weights(self, version: int) -> SendResult:
         """Send the learner's weights as ``version`` and load them into every engine.
@@ -58,6 +52,23 @@ class Pools:
                 *self.rollout.connect_weight_sync(self.transport, world_size, address),
             ]
         )
+
+    def replace_rollout_worker(self, worker: int) -> None:
+        """A fresh engine for rollout worker ``worker``, in the sync group (then send it the
+        current weights: ``sync_weights``). Call with the rollout loops held and the learner
+        idle: the whole sync group is re-formed."""
+        self.rollout.replace(worker)
+        self.connect_weight_sync()
+
+    def replace_learners(self) -> None:
+        """Kill the learner (and critic) groups and start fresh ones on their starting
+        weights (load a checkpoint next), re-forming the sync group."""
+        self.learner.shutdown(timeout_s=5.0)
+        self.learner = self.respawn_learner()
+        if self.critic is not None:
+            self.critic.shutdown(timeout_s=5.0)
+            self.critic = self.respawn_critic()
+        self.connect_weight_sync()
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None
@@ -97,13 +108,14 @@ def start_pools(
     try:
         rollout = RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype)
         started.append(rollout.shutdown)
-        learner = LearnerGroup(
-            cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature
-        )
-        started.append(learner.shutdown)
-        critic = None
-        if roles.critic:
-            critic = LearnerGroup(
+
+        def respawn_learner() -> LearnerGroup:
+            return LearnerGroup(
+                cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature
+            )
+
+        def respawn_critic() -> LearnerGroup:
+            return LearnerGroup(
                 cfg.critic,
                 placement.critic,
                 cfg.critic.model_path or model_path,
@@ -111,6 +123,12 @@ def start_pools(
                 temperature,
                 role="value",
             )
+
+        learner = respawn_learner()
+        started.append(learner.shutdown)
+        critic = None
+        if roles.critic:
+            critic = respawn_critic()
             started.append(critic.shutdown)
         reference = None
         if roles.reference:
@@ -134,6 +152,8 @@ def start_pools(
             TRANSPORTS.get(cfg.weight_sync.transport)(cfg.weight_sync),
             int(cfg.weight_sync.bucket_mb * (1 << 20)),
             critic,
+            respawn_learner,
+            respawn_critic if roles.critic else None,
         )
         pools.connect_weight_sync()
     except Exception:

@@ -27,3 +27,26 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def trim_metrics(run_dir: Path, last_step: int) -> int:
+    """Drop ``metrics.jsonl`` records after ``last_step`` (a resumed run logs those steps
+    again); returns how many were dropped."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            dropped += 1  # a line cut short by the crash
+            continue
+        if step <= last_step:
+            kept.append(line)
+        else:
+            dropped += 1
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+    return dropped

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from rlsys.config.schema import TrackingConfig
+from rlsys.run_dir import trim_metrics
 
 _CONSOLE_KEYS = [
     ("rollout/reward_mean", "reward", "{:.3f}"),
@@ -41,6 +42,7 @@ class Tracker:
         config: dict,
         total_steps: int | None = None,
         prefix: str = "",
+        run_id: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.total_steps = total_steps
@@ -59,11 +61,25 @@ class Tracker:
                 dir=str(run_dir),
                 mode=cfg.wandb_mode,
                 reinit=True,
+                id=run_id,  # a resumed run continues its wandb run
+                resume="allow" if run_id else None,
             )
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    @property
+    def run_id(self) -> str | None:
+        """The wandb run id (saved in checkpoints so a resumed run continues it)."""
+        return self._wandb.id if self._wandb is not None else None
+
+    def rewind(self, last_step: int) -> None:
+        """Forget metrics.jsonl records after ``last_step``: a resumed or recovered run logs
+        those steps again (wandb and tensorboard keep theirs)."""
+        self._jsonl.close()
+        trim_metrics(self.run_dir, last_step)
+        self._jsonl = (self.run_dir / "metrics.jsonl").open("a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record ``metrics`` for ``step`` everywhere."""

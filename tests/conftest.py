@@ -17,11 +17,18 @@ def digit_fraction(prompt: str, completion: str, metadata: dict) -> float:
     return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
+def huge_digit_fraction(prompt: str, completion: str, metadata: dict) -> float:
+    """``digit_fraction`` x 1e38: finite rewards whose unnormalised advantages overflow the
+    gradient norm (a diverging run, for the non-finite guard)."""
+    return 1e38 * digit_fraction(prompt, completion, metadata)
+
+
 def _register_test_rewards() -> None:
     from rlsys.rewards import REWARDS
 
-    if "digit_fraction" not in REWARDS.names():
-        REWARDS.register("digit_fraction")(digit_fraction)
+    for fn in (digit_fraction, huge_digit_fraction):
+        if fn.__name__ not in REWARDS.names():
+            REWARDS.register(fn.__name__)(fn)
 
 
 _register_test_rewards()

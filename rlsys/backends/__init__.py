@@ -1,1 +1,40 @@
-"""backends."""
+"""Training backends of a learner rank: FSDP2 and DeepSpeed ZeRO, on a shared base."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlsys.backends.base import TrainingBackend
+    from rlsys.config.learner import LearnerConfig
+
+
+def build_backend(
+    cfg: LearnerConfig,
+    model_path: str,
+    dtype: str,
+    temperature: float,
+    device: torch.device,
+    role: str = "policy",
+) -> TrainingBackend:
+    """This rank's backend as ``cfg.backend`` names it (after ``init_process_group``)."""
+    if cfg.backend == "deepspeed":
+        from rlsys.backends.deepspeed import DeepSpeedBackend
+
+        return DeepSpeedBackend(
+            model_path,
+            dtype,
+            cfg.optim,
+            cfg.micro_batch_size,
+            temperature,
+            device,
+            role,
+            zero=cfg.deepspeed,
+        )
+    from rlsys.backends.fsdp import FSDP2Backend
+
+    return FSDP2Backend(
+        model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role
+    )

@@ -36,25 +36,53 @@ class OptimConfig:
             )
 
 
+BACKENDS = ("fsdp2", "deepspeed")
+ZERO_STAGES = (2, 3)
+
+
+@dataclass
+class DeepSpeedConfig:
+    """DeepSpeed ZeRO settings, used when the learner's ``backend`` is ``deepspeed``."""
+
+    # 2: gradients and optimizer state sharded over ranks, parameters whole on each rank;
+    # 3: parameters sharded too (gathered layer by layer in forward/backward)
+    zero_stage: int = 2
+    # keep optimizer state on the CPU and step it there with DeepSpeedCPUAdam (JIT-compiles
+    # once, ~40 s, cached in ~/.cache/torch_extensions); frees accelerator memory
+    offload_optimizer: bool = False
+    # ZeRO-3: parameters with fewer elements stay whole on every rank (no gather); 0 shards all
+    param_persistence_threshold: int = 100_000
+
+    def check(self, prefix: str) -> None:
+        """Validate, naming keys under ``prefix`` (e.g. learner.deepspeed)."""
+        if self.zero_stage not in ZERO_STAGES:
+            raise ConfigError(
+                f"{prefix}.zero_stage={self.zero_stage} is not one of {list(ZERO_STAGES)}; "
+                "use 2 (shard gradients + optimizer state) or 3 (also parameters)"
+            )
+        non_negative(f"{prefix}.param_persistence_threshold", self.param_persistence_threshold)
+
+
 @dataclass
 class LearnerConfig:
     """The learner group: `world_size` Ray actors running one training backend."""
 
-    backend: str = "fsdp2"  # training backend (fsdp2)
-    world_size: int = 2  # learner ranks (data parallel, FSDP-sharded)
+    backend: str = "fsdp2"  # training backend: fsdp2 or deepspeed (settings under deepspeed)
+    world_size: int = 2  # learner ranks (data parallel, sharded)
     num_cpus_per_rank: float = 1.0  # also the torch thread count of each rank
     num_gpus_per_rank: float = 0.0  # GPUs per learner rank (0: CPU, gloo)
     num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
     ppo_epochs: int = 2  # passes over the batch
     micro_batch_size: int = 128  # sequences per forward/backward on one rank
     optim: OptimConfig = field(default_factory=OptimConfig)  # see OptimConfig
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)  # backend=deepspeed
 
     def __post_init__(self) -> None:
         self.check("learner")
 
     def check(self, prefix: str) -> None:
         """Validate, naming keys under ``prefix`` (learner, or critic for a value model)."""
-        one_of(f"{prefix}.backend", self.backend, ("fsdp2",))
+        one_of(f"{prefix}.backend", self.backend, BACKENDS)
         positive(f"{prefix}.world_size", self.world_size)
         positive(f"{prefix}.num_cpus_per_rank", self.num_cpus_per_rank)
         non_negative(f"{prefix}.num_gpus_per_rank", self.num_gpus_per_rank)
@@ -62,6 +90,7 @@ class LearnerConfig:
         positive(f"{prefix}.ppo_epochs", self.ppo_epochs)
         positive(f"{prefix}.micro_batch_size", self.micro_batch_size)
         self.optim.check(f"{prefix}.optim")
+        self.deepspeed.check(f"{prefix}.deepspeed")
 
 
 @dataclass
@@ -69,7 +98,7 @@ class CriticConfig(LearnerConfig):
     """The critic (value model) of PPO, started when ``algorithm.advantage=gae``: a learner
     group of its own (same fields as ``learner``) on a value head over the policy's decoder."""
 
-    world_size: int = 1  # critic ranks (data parallel, FSDP-sharded)
+    world_size: int = 1  # critic ranks (data parallel, sharded)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=0))
     model_path: str | None = None  # null: the policy's starting weights, with a fresh head
     value_clip: float | None = 0.2  # clip of the value loss around the old values (null: none)

@@ -15,6 +15,7 @@ from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
 from rlsys.config.learner import CriticConfig, LearnerConfig
+from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 
 
 @dataclass
@@ -403,8 +404,14 @@ class TrainConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    # Continue a run from its latest complete checkpoint: "auto" (run.name's directory, else
+    # the newest run in run.output_dir that has one), a run directory, or a checkpoint.
+    resume: str | None = None
 
     def __post_init__(self) -> None:
+        check_resume(self.resume)
         if self.eval.num_prompts > self.task.eval_size:
             raise ConfigError(
                 f"eval.num_prompts={self.eval.num_prompts} exceeds task.eval_size="
@@ -464,6 +471,12 @@ class TrainConfig:
                 "placement.mode=colocated with learner.num_gpus_per_rank > 0 and "
                 "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
             )
+        for key, group in (("learner", self.learner), ("critic", self.critic)):
+            if group.backend == "deepspeed" and self.model.dtype == "float16":
+                raise ConfigError(
+                    f"{key}.backend=deepspeed with model.dtype=float16 is not supported (fp16 "
+                    "needs loss scaling); use model.dtype=bfloat16 or float32"
+                )
         samples = self.data.batch_size * self.rollout.n_samples
         groups = [("learner", self.learner)]
         if self.algorithm.uses_critic:

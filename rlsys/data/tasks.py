@@ -12,6 +12,7 @@ File tasks read jsonl or parquet rows with configurable prompt and answer column
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -34,6 +35,30 @@ class TaskSplits:
     eval: list[Prompt]
     max_new_tokens: int
     skipped_rows: int = 0  # malformed file rows left out
+    skipped_too_long: int = 0  # prompts over task.max_prompt_tokens left out (screen_prompts)
+
+    def screen_prompts(self, encode) -> TaskSplits:
+        """These splits without the prompts ``encode`` (a collector's) rejects as over
+        ``task.max_prompt_tokens``, counted, so no step draws a prompt it cannot use."""
+        train, _ = encode(self.train)
+        evals, _ = encode(self.eval)
+        dropped = len(self.train) + len(self.eval) - len(train) - len(evals)
+        if not train:
+            raise ValueError(
+                f"every one of the {len(self.train)} training prompts is longer than "
+                "task.max_prompt_tokens; raise it"
+            )
+        return dataclasses.replace(
+            self, train=train, eval=evals, skipped_too_long=self.skipped_too_long + dropped
+        )
+
+    def summary(self) -> dict:
+        return {
+            "train_prompts": len(self.train),
+            "eval_prompts": len(self.eval),
+            "skipped_malformed_rows": self.skipped_rows,
+            "skipped_too_long": self.skipped_too_long,
+        }
 
 
 def _answer_width(op: str, digits: int) -> int:

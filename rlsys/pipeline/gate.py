@@ -64,6 +64,11 @@ class RolloutGate:
                 self._open = True
                 self._cond.notify_all()
 
+    @property
+    def stopped(self) -> bool:
+        with self._cond:
+            return self._stopped
+
     def stop(self) -> None:
         """Shut for good and abort running requests (the end of a run)."""
         with self._cond:

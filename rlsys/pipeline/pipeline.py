@@ -15,7 +15,7 @@ from rlsys.buffer import StreamingBuffer
 from rlsys.data.sampler import PromptSampler
 from rlsys.pipeline.feeder import PromptFeeder
 from rlsys.pipeline.gate import RolloutGate
-from rlsys.pipeline.rollout import BuildGroups, GenerateOn, RolloutLoop
+from rlsys.pipeline.rollout import BuildGroups, GenerateOn, ReplaceWorker, RolloutLoop
 from rlsys.pipeline.scoring import ScoringLoop
 from rlsys.types import Prompt, RolloutGroup, Sample, SamplingParams, TrainBatch
 
@@ -48,6 +48,7 @@ class Pipeline:
         partial: bool = False,
         reference: Callable[[TrainBatch], np.ndarray] | None = None,
         pad_id: int = 0,
+        replace_worker: ReplaceWorker | None = None,
     ) -> None:
         self.buffer = buffer
         self.gate = RolloutGate(abort, partial)
@@ -73,6 +74,7 @@ class Pipeline:
                 greedy_baseline,
                 partial,
                 self.fail,
+                replace_worker,
             )
             for worker in range(num_workers)
         ]
@@ -114,6 +116,25 @@ class Pipeline:
                     break
                 self.gate.abort()  # an abort can miss a request that was just starting
         self.buffer.drop_queued("unused")
+
+    # ---- checkpoints -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The loops' counters (the sampler and buffer are checkpointed by their owners)."""
+        return {
+            "drawn": self.feeder.drawn,
+            "calls": [loop.calls for loop in self.rollouts],
+            "continued": [loop.continued for loop in self.rollouts],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Counters of a checkpoint (before ``start``); a different worker count keeps them
+        for the workers both have."""
+        self.feeder.drawn = state["drawn"]
+        for loop, calls, continued in zip(
+            self.rollouts, state["calls"], state["continued"], strict=False
+        ):
+            loop.calls, loop.continued = calls, continued
 
     # ---- metrics -----------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ from rlsys.types import Completion, Prompt, RolloutGroup, SamplingParams
 GenerateOn = Callable[
     [int, list[list[int]], SamplingParams, int | None, list[int] | None], list[list[Completion]]
 ]
+# (worker, its error) -> whether the worker was replaced (then the call is retried)
+ReplaceWorker = Callable[[int, BaseException], bool]
 BuildGroups = Callable[
     [list[Prompt], list[list[int]], list[list[Completion]], list[Completion] | None],
     list[RolloutGroup],
@@ -31,7 +33,9 @@ class RolloutLoop(Loop):
     With ``partial`` rollouts, samples a weight update aborted are continued from their prefix
     under the new weights (each token keeps the version that produced it). Without, requests
     only end aborted when the run stops. ``greedy_baseline`` (ReMax) adds one greedy reply
-    per prompt."""
+    per prompt. A generation call that fails is retried once ``replace_worker`` reports the
+    worker replaced (a dead process restarted with the current weights); the request keeps
+    its reservation, so its prompts are neither lost nor counted twice."""
 
     def __init__(
         self,
@@ -47,6 +51,7 @@ class RolloutLoop(Loop):
         greedy_baseline: bool,
         partial: bool,
         on_failure,
+        replace_worker: ReplaceWorker | None = None,
     ) -> None:
         super().__init__(on_failure)
         self.name = f"rollout-{worker}"
@@ -55,6 +60,7 @@ class RolloutLoop(Loop):
         self.requests, self.groups = requests, groups
         self.sampling, self.seed = sampling, seed
         self.greedy_baseline, self.partial = greedy_baseline, partial
+        self.replace_worker = replace_worker
         self.calls = 0  # generation calls made (each gets its own seed)
         self.continued = 0  # samples continued after an abort
 
@@ -90,17 +96,24 @@ class RolloutLoop(Loop):
     def _call(
         self, prompt_ids: list[list[int]], sampling: SamplingParams, budgets: list[int] | None
     ) -> list[list[Completion]] | None:
-        """One generation call through the gate; None once the run is ending."""
-        if not self.gate.enter():
-            return None
-        try:
-            self.calls += 1
-            with self.busy():
-                return self.generate_on(
-                    self.worker, prompt_ids, sampling, self.seed + self.calls, budgets
-                )
-        finally:
-            self.gate.leave()
+        """One generation call through the gate (retried on a replaced worker); None once
+        the run is ending."""
+        while True:
+            if not self.gate.enter():
+                return None
+            try:
+                self.calls += 1
+                with self.busy():
+                    return self.generate_on(
+                        self.worker, prompt_ids, sampling, self.seed + self.calls, budgets
+                    )
+            except Exception as exc:  # noqa: BLE001 - replace_worker decides what is fatal
+                failure = exc
+            finally:
+                self.gate.leave()
+            # outside the gate: replacing a worker shuts it
+            if self.replace_worker is None or not self.replace_worker(self.worker, failure):
+                raise failure
 
     def _complete(
         self, prompt_ids: list[list[int]], sampling: SamplingParams

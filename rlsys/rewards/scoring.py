@@ -1,4 +1,5 @@
-"""Apply a reward function safely: an exception or a timeout gives reward 0 and a counted error."""
+"""Apply a reward function safely: an exception, a timeout or a reward that is not a finite
+number gives reward 0 and a counted error."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
+import math
 from dataclasses import dataclass
 
 from rlsys.rewards.registry import RewardFn
@@ -45,7 +47,12 @@ def score(
     except Exception as exc:  # a reward bug must not kill training
         log.debug("reward function failed: %r", exc)
         return RewardOutcome(0.0, False, f"{type(exc).__name__}: {exc}")
+    try:
+        reward = float(result["reward"] if isinstance(result, dict) else result)
+    except (KeyError, TypeError, ValueError) as exc:
+        return RewardOutcome(0.0, False, f"reward {result!r} is not a number: {exc}")
+    if not math.isfinite(reward):
+        return RewardOutcome(0.0, False, f"non-finite reward {reward!r}")
     if isinstance(result, dict):
-        reward = float(result["reward"])
         return RewardOutcome(reward, bool(result.get("correct", reward >= 1.0)))
-    return RewardOutcome(float(result), float(result) >= 1.0)
+    return RewardOutcome(reward, reward >= 1.0)

@@ -12,6 +12,7 @@ from rlsys.config.learner import LearnerConfig
 from rlsys.placement import ActorResources, thread_env
 from rlsys.types import TrainBatch
 from rlsys.weight_sync.base import SendResult, SyncAddress, WeightTransport
+from rlsys.workers.calls import get_all
 
 
 def _free_port() -> int:
@@ -48,10 +49,11 @@ class LearnerWorker:
         temperature: float,
         role: str = "policy",
     ) -> None:
+        """Join the learners' process group and build the backend ``cfg.backend`` names."""
         import torch
         import torch.distributed as dist
 
-        from rlsys.backends.fsdp import FSDP2Backend
+        from rlsys.backends import build_backend
 
         device = torch.device(self.device_type)
         if device.type == "cuda":
@@ -62,9 +64,7 @@ class LearnerWorker:
             rank=self.rank,
             world_size=self.world_size,
         )
-        self.backend = FSDP2Backend(
-            model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role
-        )
+        self.backend = build_backend(cfg, model_path, dtype, temperature, device, role)
 
     def forward_logprobs(self, batch: TrainBatch):
         return self.backend.forward_logprobs(batch)
@@ -92,7 +92,10 @@ class LearnerWorker:
     def connect_weight_sync(
         self, transport: WeightTransport, world_size: int, address: SyncAddress
     ) -> None:
-        """Rank 0 joins the weight-sync group as its sender (rank 0 of that group)."""
+        """Rank 0 joins the weight-sync group as its sender (rank 0 of that group), leaving
+        the group it was in (the group is re-formed after a member is replaced)."""
+        if self.transport is not None:
+            self.transport.close()
         self.transport = transport
         transport.connect(0, world_size, address, self.device_type)
 
@@ -107,6 +110,14 @@ class LearnerWorker:
 
     def save_hf(self, path: str) -> None:
         self.backend.save_hf(path)
+
+    def save_checkpoint(self, path: str) -> None:
+        """This rank's part of a sharded checkpoint in the directory ``path``."""
+        self.backend.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """This rank's part of loading the checkpoint in the directory ``path``."""
+        self.backend.load_checkpoint(path)
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -149,7 +160,7 @@ class LearnerGroup:
 
     def _gather_rows(self, method: str, batch: TrainBatch, dtype) -> np.ndarray:
         ref = ray.put(batch)
-        parts = ray.get([getattr(w, method).remote(ref) for w in self.workers])
+        parts = get_all([getattr(w, method).remote(ref) for w in self.workers])
         out = np.zeros(batch.loss_mask.shape, dtype=dtype)
         for rows, values in parts:
             out[rows] = values
@@ -181,7 +192,7 @@ class LearnerGroup:
         """
         ref = ray.put(batch)
         mini = num_mini_batches or self.cfg.num_mini_batches
-        metrics = ray.get(
+        metrics = get_all(
             [
                 w.train_step.remote(ref, objective, mini, epochs or self.cfg.ppo_epochs, seed)
                 for w in self.workers
@@ -200,7 +211,16 @@ class LearnerGroup:
 
     def save_hf(self, path: str) -> None:
         """Write the policy as a Hugging Face directory."""
-        ray.get([w.save_hf.remote(path) for w in self.workers])
+        get_all([w.save_hf.remote(path) for w in self.workers])
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write model + optimizer state (sharded), schedule and RNG state into the directory
+        ``path``, which every rank must see (one node or a shared file system)."""
+        get_all([w.save_checkpoint.remote(path) for w in self.workers])
+
+    def load_checkpoint(self, path: str) -> None:
+        """Put every rank back in the state ``save_checkpoint(path)`` recorded."""
+        get_all([w.load_checkpoint.remote(path) for w in self.workers])
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Leave the process group if ranks answer in time, then kill every rank regardless

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 
 import numpy as np
 import ray
@@ -38,7 +39,10 @@ class RolloutWorker:
     def connect_weight_sync(
         self, transport: WeightTransport, rank: int, world_size: int, address: SyncAddress
     ) -> None:
-        """Join the weight-sync group as receiver ``rank`` (learner rank 0 is rank 0)."""
+        """Join the weight-sync group as receiver ``rank`` (learner rank 0 is rank 0),
+        leaving the group it was in (the group is re-formed after a member is replaced)."""
+        if self.transport is not None:
+            self.transport.close()
         self.transport = transport
         transport.connect(rank, world_size, address, self.device)
 
@@ -52,6 +56,10 @@ class RolloutWorker:
 
     def version(self) -> int:
         return self.engine.version
+
+    def pid(self) -> int:
+        """The worker's process id (tests kill it to exercise recovery)."""
+        return os.getpid()
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -70,18 +78,28 @@ class RolloutPool:
     def __init__(
         self, cfg: RolloutConfig, resources: ActorResources, model_path: str, dtype: str
     ) -> None:
-        self.cfg = cfg
-        self.workers = [
-            # max_concurrency 2: abort() must reach a worker while generate() runs
-            RolloutWorker.options(
-                num_cpus=resources.num_cpus,
-                num_gpus=resources.num_gpus,
-                max_concurrency=2,
-                runtime_env=thread_env(resources.threads),
-            ).remote(cfg, model_path, cfg.dtype or dtype, resources.threads, resources.num_gpus)
-            for _ in range(cfg.num_workers)
-        ]
+        self.cfg, self.resources = cfg, resources
+        self.model_path, self.dtype = model_path, cfg.dtype or dtype
+        self.workers = [self._spawn() for _ in range(cfg.num_workers)]
         ray.get([w.version.remote() for w in self.workers])  # wait until every engine is up
+
+    def _spawn(self) -> ray.actor.ActorHandle:
+        res = self.resources
+        # max_concurrency 2: abort() must reach a worker while generate() runs
+        return RolloutWorker.options(
+            num_cpus=res.num_cpus,
+            num_gpus=res.num_gpus,
+            max_concurrency=2,
+            runtime_env=thread_env(res.threads),
+        ).remote(self.cfg, self.model_path, self.dtype, res.threads, res.num_gpus)
+
+    def replace(self, worker: int) -> None:
+        """Kill worker ``worker`` (if it still runs) and start a fresh engine in its place,
+        on the starting weights: load the current ones before it takes work."""
+        with contextlib.suppress(Exception):
+            ray.kill(self.workers[worker])
+        self.workers[worker] = self._spawn()
+        ray.get(self.workers[worker].version.remote())
 
     def submit(
         self,
@@ -140,8 +158,10 @@ class RolloutPool:
         return [w.update_weights.remote(update) for w in self.workers]
 
     def abort(self) -> None:
-        """Stop every worker's generation in flight."""
-        ray.get([w.abort.remote() for w in self.workers])
+        """Stop every worker's generation in flight (a dead worker has nothing to stop)."""
+        for ref in [w.abort.remote() for w in self.workers]:
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                ray.get(ref)
 
     def versions(self) -> list[int]:
         return ray.get([w.version.remote() for w in self.workers])

@@ -3,44 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from backend_harness import free_port, toy_batch
 
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
 from rlsys.config.learner import OptimConfig
-from rlsys.data.collate import pack
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _batch(model_dir: str):
-    from rlsys.models.loading import load_tokenizer
-
-    tok = load_tokenizer(model_dir)
-    rng = np.random.default_rng(0)
-    prompts = [
-        tok.encode(f"{a}+{b}=", add_special_tokens=False) for a, b in rng.integers(0, 100, (11, 2))
-    ]
-    responses = [
-        tok.encode(str(rng.integers(0, 999)), add_special_tokens=False) + [tok.eos_token_id]
-        for _ in prompts
-    ]
-    batch = pack(prompts, responses, tok.pad_token_id)
-    batch.old_logprobs = np.zeros_like(batch.loss_mask) - 3.0
-    batch.advantages = (
-        rng.standard_normal(len(prompts)).astype(np.float32)[:, None] * batch.loss_mask
-    )
-    batch.values = np.zeros_like(batch.loss_mask)
-    batch.returns = batch.advantages.copy()
-    return batch
 
 
 def _worker(rank, world_size, port, model_dir, objective, bucket_bytes, out_dir, role):
@@ -61,7 +32,7 @@ def _worker(rank, world_size, port, model_dir, objective, bucket_bytes, out_dir,
         device=torch.device("cpu"),
         role=role,
     )
-    batch = _batch(model_dir)
+    batch = toy_batch(model_dir)
     forward = backend.forward_logprobs if role == "policy" else backend.forward_values
     rows, logprobs = forward(batch)
     metrics = backend.train_step(batch, objective, num_mini_batches=2, epochs=1, seed=0)
@@ -89,7 +60,7 @@ def _run(world_size, model_dir, objective, tmp_path, bucket_bytes=1 << 30, role=
     out.mkdir()
     mp.spawn(
         _worker,
-        args=(world_size, _port(), model_dir, objective, bucket_bytes, str(out), role),
+        args=(world_size, free_port(), model_dir, objective, bucket_bytes, str(out), role),
         nprocs=world_size,
         join=True,
     )

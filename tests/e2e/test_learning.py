@@ -57,3 +57,18 @@ def test_ppo_with_a_critic_raises_accuracy(tmp_path):
         "eval.num_prompts=200",
     )
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.15
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("stage", [2, 3])
+def test_default_demo_reaches_the_accuracy_bar_with_deepspeed(tmp_path, stage):
+    """The default demo on DeepSpeed ZeRO-2 / ZeRO-3 learners (same warm start, same bar)."""
+    summary = train(
+        tmp_path,
+        f"zero{stage}",
+        "learner.backend=deepspeed",
+        f"learner.deepspeed.zero_stage={stage}",
+    )
+    assert summary["eval_num_prompts"] >= 200
+    assert summary["eval_accuracy_after"] >= 0.80
+    assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.30

@@ -110,3 +110,38 @@ def test_train_plan_never_makes_more_mini_batches_than_rows():
     mask = np.ones((3, 2), dtype=np.float32)
     plans = train_plan(mask, world_size=2, rank=0, num_mini_batches=8, micro=4, seed=0)
     assert len(plans) == 3 and all(p.global_tokens > 0 for p in plans)
+
+
+def test_bad_rows_and_long_prompts_are_skipped_and_counted_at_start(tmp_path, tiny_model_dir):
+    from rlsys.collector import RolloutCollector
+    from rlsys.models.loading import load_tokenizer
+
+    good = [{"q": f"{i}+1=", "a": i + 1} for i in range(30)]  # a number answer is fine
+    bad = [
+        {"a": "1"},  # no prompt
+        {"q": 12, "a": "1"},  # prompt of the wrong type
+        {"q": "1+1=", "a": ["2"]},  # answer of the wrong type
+        {"q": "1+1=", "a": None},  # no answer
+        {"q": "9" * 200 + "+1=", "a": "1"},  # longer than max_prompt_tokens
+        {"q": "8" * 200 + "+1=", "a": "1"},
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in good + bad) + "\n{truncated")
+    cfg = TaskConfig(
+        name="file",
+        train_path=str(path),
+        prompt_key="q",
+        answer_key="a",
+        eval_size=5,
+        max_prompt_tokens=16,
+    )
+    collector = RolloutCollector.for_task(None, load_tokenizer(tiny_model_dir), cfg)
+    task = load_task(cfg, seed=0).screen_prompts(collector.encode)
+    assert task.summary() == {
+        "train_prompts": len(task.train),
+        "eval_prompts": len(task.eval),
+        "skipped_malformed_rows": 5,
+        "skipped_too_long": 2,
+    }
+    assert len(task.train) + len(task.eval) == 30
+    assert all(len(p.text) < 10 for p in task.train + task.eval)

@@ -118,6 +118,12 @@ def test_override_changes_value_and_roundtrips_to_yaml():
             "critic.num_mini_batches",
         ),
         ("trainer.max_samples=0", "trainer.max_samples"),
+        ("learner.backend=deepspeed model.dtype=float16", "model.dtype=bfloat16"),
+        ("checkpoint.keep=0", "checkpoint.keep"),
+        ("checkpoint.every=-1", "checkpoint.every"),
+        ("fault.max_nonfinite_steps=0", "fault.max_nonfinite_steps"),
+        ("fault.max_rollout_restarts=-1", "fault.max_rollout_restarts"),
+        ("resume=' '", "resume"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):

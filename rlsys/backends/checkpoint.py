@@ -1,0 +1,144 @@
+"""The files of a backend checkpoint that do not depend on the backend, and their I/O.
+
+A backend checkpoint is one directory that every rank can see::
+
+    backend.json        who wrote it: backend, zero_stage, role, model_path, dtype, world_size
+    state.json          the backend's scalars: optimizer_steps, schedule_start, base_lr,
+                        decay_steps, last_lr
+    rng/rank_<r>.pt     rank r's torch RNG state (CPU, and CUDA on a GPU rank)
+    dcp/                FSDP2: model + optimizer, sharded (torch.distributed.checkpoint)
+    deepspeed/          DeepSpeed: engine.save_checkpoint(tag="state") (ZeRO partitions)
+
+Every file is fsynced before the save returns; the caller makes the directory appear
+atomically (a rename) and fsyncs its parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlsys.checkpoint import CheckpointError
+
+BACKEND_INFO = "backend.json"
+SCALARS = "state.json"
+RNG_DIR = "rng"
+FORMAT_VERSION = 1
+
+
+# backend.json keys a checkpoint may have to share with the backend loading it, and the fix.
+_MATCH_FIXES = {
+    "backend": "load it with the backend that wrote it (learner.backend / critic.backend)",
+    "role": "a policy checkpoint loads into the policy learner, a value one into the critic",
+    "dtype": "set model.dtype to the checkpoint's dtype",
+    "zero_stage": "set deepspeed.zero_stage to the checkpoint's stage",
+    "world_size": "a DeepSpeed checkpoint loads only into as many ranks as wrote it: set "
+    "world_size to the checkpoint's (FSDP2 checkpoints reshard to any world size)",
+}
+
+
+class BackendCheckpointError(CheckpointError):
+    """A backend checkpoint that is missing, damaged or written by a different setup."""
+
+
+def check_compatible(
+    root: Path, info: dict[str, Any], mine: dict[str, Any], keys: tuple[str, ...]
+) -> None:
+    """Raise unless the checkpoint's ``backend.json`` (``info``) equals the loading
+    backend's own (``mine``) at every one of ``keys``."""
+    for key in keys:
+        if info.get(key) != mine[key]:
+            raise BackendCheckpointError(
+                f"backend checkpoint {root} has {key}={info.get(key)!r}, this learner "
+                f"{key}={mine[key]!r}; {_MATCH_FIXES[key]}"
+            )
+
+
+def parse_scalars(root: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """The backend attributes ``state.json`` restores, type-checked."""
+    try:
+        decay = raw["decay_steps"]
+        return {
+            "optimizer_steps": int(raw["optimizer_steps"]),
+            "schedule_start": int(raw["schedule_start"]),
+            "base_lr": float(raw["base_lr"]),
+            "decay_steps": None if decay is None else int(decay),
+            "last_lr": float(raw["last_lr"]),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BackendCheckpointError(
+            f"backend checkpoint {root}: {SCALARS} lacks a valid {exc}; the checkpoint is "
+            "damaged, load an earlier one"
+        ) from exc
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` and fsync it."""
+    with path.open("w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_json(root: Path, name: str) -> dict[str, Any]:
+    """The JSON file ``name`` of the checkpoint at ``root``; a clear error if it is missing or
+    unreadable."""
+    path = root / name
+    if not root.is_dir():
+        raise BackendCheckpointError(
+            f"backend checkpoint {root} does not exist (or is not a directory); pass the "
+            "directory a save_checkpoint wrote"
+        )
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise BackendCheckpointError(
+            f"backend checkpoint {root} has no {name}: it is incomplete or not a backend "
+            "checkpoint; pass the directory a complete save_checkpoint wrote"
+        ) from exc
+    except (OSError, ValueError) as exc:
+        raise BackendCheckpointError(
+            f"backend checkpoint {root}: {name} is unreadable ({exc}); the checkpoint is "
+            "damaged, load an earlier one"
+        ) from exc
+
+
+def rng_path(root: Path, rank: int) -> Path:
+    """Where rank ``rank`` keeps its RNG state."""
+    return root / RNG_DIR / f"rank_{rank:05d}.pt"
+
+
+def save_rng(root: Path, rank: int, device: torch.device) -> None:
+    """Write this rank's torch RNG state (CPU, and CUDA on a GPU) and fsync it."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    path = rng_path(root, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def load_rng(root: Path, rank: int, device: torch.device) -> bool:
+    """Restore this rank's RNG state; False when the checkpoint has none for this rank (it
+    was written by fewer ranks)."""
+    path = rng_path(root, rank)
+    if not path.is_file():
+        return False
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # torch.load raises many types for a damaged file
+        raise BackendCheckpointError(
+            f"backend checkpoint {root}: {path.name} is unreadable ({exc}); the checkpoint is "
+            "damaged, load an earlier one"
+        ) from exc
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    return True

@@ -1,0 +1,93 @@
+"""Turn a policy's backend checkpoint into a Hugging Face directory, offline: one process,
+no torch.distributed, no Ray (e.g. on a login node after the run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlsys.backends import checkpoint as ckpt
+
+
+def _dcp_model_state(root: Path) -> dict[str, torch.Tensor]:
+    """The full model tensors of an FSDP2 (DCP) checkpoint, read without a process group."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from rlsys.backends.fsdp import DCP_DIR
+
+    state: dict = {}
+    _load_state_dict(  # what format_utils.dcp_to_torch_save does, model keys only, in memory
+        state,
+        storage_reader=FileSystemReader(str(root / DCP_DIR)),
+        planner=_EmptyStateDictLoadPlanner(keys={"model"}),
+        no_dist=True,
+    )
+    return state["model"]
+
+
+def _zero_model_state(root: Path) -> dict[str, torch.Tensor]:
+    """The fp32 master weights of a DeepSpeed ZeRO-2/3 checkpoint, merged from its shards."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from rlsys.backends.deepspeed import DS_DIR, DS_TAG
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(root / DS_DIR), tag=DS_TAG)
+
+
+_READERS = {"fsdp2": _dcp_model_state, "deepspeed": _zero_model_state}
+
+
+def export_hf(checkpoint_dir: str, out_dir: str) -> None:
+    """Write the policy in the backend checkpoint ``checkpoint_dir`` as a Hugging Face
+    directory ``out_dir`` (weights in the run's dtype + the tokenizer of its model_path),
+    loadable with ``AutoModelForCausalLM.from_pretrained``."""
+    from transformers import AutoTokenizer
+
+    from rlsys.models.loading import load_model
+
+    root = Path(checkpoint_dir)
+    info = ckpt.read_json(root, ckpt.BACKEND_INFO)
+    if info.get("role") != "policy":
+        raise ckpt.BackendCheckpointError(
+            f"backend checkpoint {root} holds a {info.get('role')!r} model; export_hf exports "
+            "a policy checkpoint (the run's policy/ directory), not a critic's"
+        )
+    reader = _READERS.get(info.get("backend"))
+    if reader is None:
+        raise ckpt.BackendCheckpointError(
+            f"backend checkpoint {root} names backend {info.get('backend')!r}, not one of "
+            f"{sorted(_READERS)}; pass a directory a learner's save_checkpoint wrote"
+        )
+    try:
+        state = reader(root)
+    except Exception as exc:
+        raise ckpt.BackendCheckpointError(
+            f"backend checkpoint {root}: reading its {info['backend']} weights failed ({exc}); "
+            "the checkpoint is incomplete or damaged"
+        ) from exc
+    model = load_model(info["model_path"], info["dtype"])
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {n for n in missing if n in _tied_names(model)}
+    if set(missing) - tied or unexpected:
+        raise ckpt.BackendCheckpointError(
+            f"backend checkpoint {root} does not match the model at {info['model_path']} "
+            f"(missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}); "
+            "export with the model_path the run started from"
+        )
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(info["model_path"]).save_pretrained(out_dir)
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """Parameter names that alias another one (tied embeddings): a checkpoint may omit them."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        else:
+            seen[id(param)] = name
+    return tied

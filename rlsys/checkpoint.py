@@ -1,0 +1,194 @@
+"""Resumable checkpoints of a run: written atomically, verified on read, the last N kept.
+
+Layout (``<run_dir>/checkpoints/``)::
+
+    step_000050/
+      policy/          the policy learner's sharded model + optimizer + RNG (its backend's format)
+      critic/          the critic's, when the run has one
+      trainer.pkl      the controller: step, policy version, sampler position, buffer counters
+                       and queued groups, loop counters, KL coefficient, eval history, RNG,
+                       tracker run id
+      hf/              the policy as a Hugging Face directory (checkpoint.save_hf=true only)
+      manifest.json    written last: every file with its size; a directory without a valid
+                       one is incomplete and is never loaded
+    final/             the policy as a Hugging Face directory, at the end of the run
+
+A checkpoint is assembled in ``.tmp-step_<N>`` beside its final name, every file fsynced,
+then renamed into place, so a crash leaves either the complete checkpoint or none. The
+directory must be on storage every learner rank can write (one node, or a shared file system).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer.pkl"
+PREFIX = "step_"
+TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint where one was asked for."""
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and directory under ``root`` (and ``root``) to disk."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _files(root: Path) -> dict[str, int]:
+    """Relative path -> size of every file under ``root`` (the manifest excluded)."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if rel != MANIFEST:
+                out[rel] = path.stat().st_size
+    return out
+
+
+def step_of(path: Path) -> int:
+    """The learner step a checkpoint directory was taken after."""
+    return int(path.name.removeprefix(PREFIX))
+
+
+def problem(path: Path) -> str | None:
+    """Why the checkpoint at ``path`` cannot be used, or None if it is complete."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return f"no {MANIFEST} (the save did not finish)"
+    try:
+        expected = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable {MANIFEST}: {exc}"
+    for rel, size in expected.items():
+        file = path / rel
+        if not file.is_file():
+            return f"{rel} is missing"
+        if file.stat().st_size != size:
+            return f"{rel} has {file.stat().st_size} bytes, the manifest says {size}"
+    return None
+
+
+class CheckpointStore:
+    """The ``step_<N>`` checkpoints of one run directory."""
+
+    def __init__(self, root: Path, keep: int) -> None:
+        self.root, self.keep = root, keep
+
+    def save(self, step: int, write: Callable[[Path], None]) -> Path:
+        """Call ``write(tmp_dir)`` to fill a new checkpoint, then make it ``step_<N>``
+        atomically and delete the oldest beyond ``keep``; returns its path."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"{PREFIX}{step:06d}"
+        tmp = self.root / f"{TMP_PREFIX}{final.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        started = time.perf_counter()
+        write(tmp)
+        manifest = {"step": step, "time": time.time(), "files": _files(tmp)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        fsync_tree(tmp)
+        if final.exists():  # the same step saved again (e.g. after a recovery): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        log.info("checkpoint %s saved (%.1fs)", final, time.perf_counter() - started)
+        self._prune()
+        return final
+
+    def complete(self) -> list[Path]:
+        """Usable checkpoints, newest first; incomplete or damaged ones are logged and
+        skipped."""
+        if not self.root.is_dir():
+            return []
+        found = sorted(
+            (p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)),
+            key=step_of,
+            reverse=True,
+        )
+        usable = []
+        for path in found:
+            reason = problem(path)
+            if reason is None:
+                usable.append(path)
+            else:
+                log.warning("checkpoint %s is not usable (%s): skipping it", path, reason)
+        return usable
+
+    def latest(self) -> Path | None:
+        found = self.complete()
+        return found[0] if found else None
+
+    def _prune(self) -> None:
+        for old in self.complete()[self.keep :]:
+            shutil.rmtree(old, ignore_errors=True)
+        for tmp in self.root.glob(f"{TMP_PREFIX}*"):  # left by a crash mid-save
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_trainer_state(path: Path, state: dict) -> None:
+    with (path / TRAINER_STATE).open("wb") as fh:
+        pickle.dump(state, fh, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def read_trainer_state(path: Path) -> dict:
+    try:
+        with (path / TRAINER_STATE).open("rb") as fh:
+            return pickle.load(fh)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as exc:
+        raise CheckpointError(f"{path / TRAINER_STATE} is unreadable: {exc}") from exc
+
+
+def resolve_resume(
+    resume: str, output_dir: str, run_name: str | None
+) -> tuple[Path, Path | None] | None:
+    """Where to resume: (run directory, the checkpoint asked for or None for its latest).
+
+    ``auto`` is run.name's directory if given, else the run under ``output_dir`` with the
+    newest complete checkpoint (None if there is none: start fresh). A path is a run
+    directory, or one ``checkpoints/step_<N>`` inside it."""
+    if resume != "auto":
+        path = Path(resume).expanduser().resolve()
+        chosen = path if path.name.startswith(PREFIX) else None
+        run_dir = path.parent.parent if chosen else path
+        if not (run_dir / "checkpoints").is_dir():
+            raise CheckpointError(
+                f"resume={resume}: {run_dir} is not a run directory with checkpoints/; pass "
+                "resume=auto, a run directory or a checkpoints/step_<N> directory"
+            )
+        return run_dir, chosen
+    root = Path(output_dir).expanduser().resolve()
+    candidates = [root / run_name] if run_name else (root.iterdir() if root.is_dir() else [])
+    newest: dict[Path, float] = {}
+    for run_dir in candidates:
+        latest = CheckpointStore(run_dir / "checkpoints", 1).latest()
+        if latest is not None:
+            newest[run_dir] = (latest / MANIFEST).stat().st_mtime
+    return (max(newest, key=newest.get), None) if newest else None

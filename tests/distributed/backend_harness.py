@@ -1,0 +1,105 @@
+"""Helpers for the backend tests: a toy batch, gloo process groups in real processes, and
+building a backend and reading its full weights there."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+from rlsys.config.learner import DeepSpeedConfig, LearnerConfig, OptimConfig
+from rlsys.data.collate import pack
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toy_batch(model_dir: str, seed: int = 0, rows: int = 11):
+    """``rows`` arithmetic prompts with random responses, advantages and returns."""
+    from rlsys.models.loading import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    rng = np.random.default_rng(seed)
+    prompts = [
+        tok.encode(f"{a}+{b}=", add_special_tokens=False)
+        for a, b in rng.integers(0, 100, (rows, 2))
+    ]
+    responses = [
+        tok.encode(str(rng.integers(0, 999)), add_special_tokens=False) + [tok.eos_token_id]
+        for _ in prompts
+    ]
+    batch = pack(prompts, responses, tok.pad_token_id)
+    batch.old_logprobs = np.zeros_like(batch.loss_mask) - 3.0
+    batch.advantages = (
+        rng.standard_normal(len(prompts)).astype(np.float32)[:, None] * batch.loss_mask
+    )
+    batch.values = np.zeros_like(batch.loss_mask)
+    batch.returns = batch.advantages.copy()
+    return batch
+
+
+def _entry(rank, fn, world_size, port, out_dir, args):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world_size: int, out_dir: Path, *args) -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo processes; what each
+    returns (saved with torch.save), by rank."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mp.spawn(
+        _entry,
+        args=(fn, world_size, free_port(), str(out_dir), args),
+        nprocs=world_size,
+        join=True,
+    )
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def learner_config(kind: str, **optim) -> LearnerConfig:
+    """A learner config for ``kind``: fsdp2, zero2, zero3 (every parameter sharded), or
+    zero2_offload / zero3_offload; micro-batches of 2 rows."""
+    ds = DeepSpeedConfig(
+        zero_stage=3 if kind.startswith("zero3") else 2,
+        offload_optimizer=kind.endswith("offload"),
+        param_persistence_threshold=0,
+    )
+    return LearnerConfig(
+        backend="fsdp2" if kind == "fsdp2" else "deepspeed",
+        micro_batch_size=2,
+        optim=OptimConfig(**{"lr": 1e-3, "warmup_steps": 0, **optim}),
+        deepspeed=ds,
+    )
+
+
+def build(kind: str, model_dir: str, role: str = "policy", dtype: str = "float32", **optim):
+    """A backend of ``kind`` (see learner_config) on the CPU, in an initialised group."""
+    from rlsys.backends import build_backend
+
+    cfg = learner_config(kind, **optim)
+    return build_backend(cfg, model_dir, dtype, 1.0, torch.device("cpu"), role)
+
+
+def full_state(backend, bucket_bytes: int = 1 << 30) -> dict[str, torch.Tensor]:
+    """Every full weight (on rank 0; empty elsewhere), copied."""
+    return {
+        k: v.detach().clone()
+        for bucket in backend.iter_weight_buckets(bucket_bytes)
+        for k, v in bucket.items()
+    }

@@ -1,0 +1,228 @@
+"""Exact resume: a run stopped by SIGTERM and resumed with ``resume=auto`` trains on the same
+batches with the same losses and rewards as a run that was never stopped (synchronous mode,
+CPU), for FSDP2 and DeepSpeed; FSDP2 also resumes on a different learner world size. And the
+``rlsys train`` process itself: SIGTERM checkpoints, exits 143 with a message, and
+``resume=auto`` finishes the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = [
+    "warm_start.enabled=false",
+    "trainer.total_steps=4",
+    "trainer.eval_every=2",
+    "eval.num_prompts=16",
+    "data.batch_size=8",
+    "rollout.n_samples=4",
+    "rollout.num_workers=1",
+    "rollout.num_cpus_per_worker=0.5",
+    "learner.num_cpus_per_rank=0.5",
+    "learner.world_size=2",
+    "algorithm.filter_uniform_groups=false",
+    "task.reward=digit_fraction",
+    "checkpoint.every=1",
+    "tracking.console=false",
+]
+# What must match step for step: the batch (its rewards and lengths) and the update on it.
+COMPARED = (
+    "rollout/reward_mean",
+    "rollout/response_tokens",
+    "train/loss",
+    "train/grad_norm",
+    "train/entropy",
+    "train/clip_frac",
+    "eval/accuracy",
+)
+BACKENDS = {
+    "fsdp2": [],
+    "deepspeed_zero2": ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=2"],
+    "deepspeed_zero3": ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"],
+}
+
+
+def _sigterm_after(metrics: Path, step: int) -> threading.Thread:
+    """Send this process SIGTERM (as a scheduler would) once ``step`` is logged."""
+
+    def watch() -> None:
+        while not (
+            metrics.exists()
+            and any(json.loads(x)["step"] >= step for x in metrics.read_text().splitlines())
+        ):
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _train(tmp_path: Path, name: str, overrides: list[str], stop_after: int | None = None):
+    """``rlsys.app.train`` in this process; returns the summary and the records by step."""
+    from rlsys import app
+    from rlsys.config.loader import load_config
+
+    cfg = load_config([*COMMON, f"run.output_dir={tmp_path}", f"run.name={name}", *overrides])
+    if stop_after is not None:
+        _sigterm_after(tmp_path / name / "metrics.jsonl", stop_after)
+    summary = json.loads(app.train(cfg).read_text())
+    lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    steps = [r["step"] for r in records if "train/loss" in r or "eval/accuracy" in r]
+    by_step: dict[int, dict] = {}
+    for record in records:
+        by_step.setdefault(record["step"], {}).update(record)
+    return summary, by_step, steps
+
+
+def _same(full: dict, resumed: dict, rel: float) -> None:
+    for step in range(1, 5):
+        for key in COMPARED:
+            if key in full[step]:
+                assert resumed[step][key] == pytest.approx(full[step][key], rel=rel, abs=1e-7), (
+                    step,
+                    key,
+                )
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_stop_and_resume_matches_an_uninterrupted_run(ray_cpu, tmp_path, backend):
+    extra = BACKENDS[backend]
+    full, full_steps, _ = _train(tmp_path, "full", extra)
+    assert full["steps"] == 4 and not full["preempted"]
+
+    stopped, _, _ = _train(tmp_path, "split", extra, stop_after=2)
+    assert stopped["preempted"] and stopped["steps"] in (2, 3)
+    assert stopped["final_model"] is None
+    assert Path(stopped["last_checkpoint"]).name == f"step_{stopped['steps']:06d}"
+
+    resumed, resumed_steps, logged = _train(tmp_path, "split", [*extra, "resume=auto"])
+    assert resumed["steps"] == 4 and not resumed["preempted"]
+    assert resumed["resumed_from"] == stopped["last_checkpoint"]
+    assert sorted(logged) == sorted(set(logged)), "a step was logged twice"
+    _same(full_steps, resumed_steps, rel=1e-6)
+    for summary in (full, resumed):
+        assert summary["accounting"]["balanced"]
+    assert resumed["accounting"] == full["accounting"]
+    assert resumed["eval_accuracy_before"] == full["eval_accuracy_before"]
+    # the last checkpoint, exported offline, is the policy the run exported at its end
+    _assert_same_weights(_export(resumed["last_checkpoint"], tmp_path), resumed["final_model"])
+
+
+def _export(checkpoint: str, tmp_path: Path) -> Path:
+    out = tmp_path / "exported"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlsys.cli", "export", checkpoint, str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def _assert_same_weights(a: Path, b: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    left = AutoModelForCausalLM.from_pretrained(a).state_dict()
+    right = AutoModelForCausalLM.from_pretrained(b).state_dict()
+    assert left.keys() == right.keys()
+    for name, tensor in left.items():
+        assert (tensor == right[name]).all(), name
+
+
+def test_fsdp2_resumes_on_a_different_learner_world_size(ray_cpu, tmp_path):
+    full, full_steps, _ = _train(tmp_path, "full", [])
+    stopped, _, _ = _train(tmp_path, "split", [], stop_after=1)
+    assert stopped["preempted"]
+    resumed, resumed_steps, _ = _train(tmp_path, "split", ["resume=auto", "learner.world_size=1"])
+    assert resumed["steps"] == 4 and resumed["accounting"]["balanced"]
+    # one rank computes what two did, up to float summation order
+    _same(full_steps, resumed_steps, rel=1e-4)
+
+
+def test_sigterm_to_rlsys_train_checkpoints_exits_143_and_resume_auto_finishes(tmp_path):
+    args = [
+        sys.executable,
+        "-m",
+        "rlsys.cli",
+        "train",
+        f"run.output_dir={tmp_path}",
+        *[o for o in COMMON if not o.startswith(("task.reward", "trainer.total_steps"))],
+        "trainer.total_steps=12",
+        "checkpoint.every=0",  # only the one SIGTERM makes
+    ]
+    proc = subprocess.Popen(
+        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    metrics = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list(tmp_path.glob("*/metrics.jsonl"))
+        if found and any(json.loads(x)["step"] >= 1 for x in found[0].read_text().splitlines()):
+            metrics = found[0]
+            break
+        time.sleep(0.05)
+    assert metrics is not None, proc.communicate()[1][-3000:]
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    took = time.monotonic() - sent
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM" in err and "resume=auto" in err
+    assert took < 60, f"SIGTERM took {took:.0f}s to checkpoint and exit"
+    run_dir = metrics.parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["preempted"] and 1 <= summary["steps"] < 12
+    assert (Path(summary["last_checkpoint"]) / "manifest.json").exists()
+
+    done = subprocess.run([*args, "resume=auto"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["steps"] == 12 and final["resumed_from"] == summary["last_checkpoint"]
+    assert final["accounting"]["balanced"]
+    assert Path(final["final_model"], "config.json").exists()
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert [s for s in steps if s > 0] == list(range(1, 13))
+
+
+def test_async_ppo_run_resumes_with_its_queued_groups_and_critic(ray_cpu, tmp_path):
+    """max_staleness=2: a checkpoint holds groups already generated for later steps; PPO's
+    critic is checkpointed beside the policy. The resumed run trains on those groups first
+    and its accounting balances across the two processes."""
+    import pickle
+
+    extra = [
+        "algorithm=ppo",
+        "critic.num_cpus_per_rank=0.5",
+        "reference.num_cpus=0.5",
+        "buffer.max_staleness=2",
+        "trainer.total_steps=6",
+        "checkpoint.every=2",
+    ]
+    stopped, _, _ = _train(tmp_path, "async", extra, stop_after=2)
+    assert stopped["preempted"]
+    checkpoint = Path(stopped["last_checkpoint"])
+    assert (checkpoint / "critic").is_dir()
+    state = pickle.loads((checkpoint / "trainer.pkl").read_bytes())
+    queued = sum(len(g.samples) for g in state["buffer"]["groups"])
+    acc = stopped["accounting"]
+    assert queued > 0, "generation ran ahead, so the checkpoint should hold queued groups"
+    # what the first process issued beyond its checkpoint was dropped as unused at its exit
+    assert acc["balanced"]
+
+    resumed, _, logged = _train(tmp_path, "async", [*extra, "resume=auto"])
+    assert resumed["steps"] == 6 and resumed["accounting"]["balanced"]
+    assert sorted(logged) == sorted(set(logged))
+    assert resumed["accounting"]["samples_trained"] == 6 * 8 * 4

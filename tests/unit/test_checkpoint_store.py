@@ -1,0 +1,172 @@
+"""Checkpoint directories: atomic save, manifest checks, pruning, resume resolution; the
+buffer's drained state round trip; metrics.jsonl trimmed on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from rlsys.buffer import StreamingBuffer
+from rlsys.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    problem,
+    read_trainer_state,
+    resolve_resume,
+    step_of,
+    write_trainer_state,
+)
+from rlsys.run_dir import trim_metrics
+from rlsys.types import Completion, Prompt, RolloutGroup, Sample
+
+
+def _write(payload: str):
+    def write(tmp):
+        (tmp / "policy").mkdir()
+        (tmp / "policy" / "shard.bin").write_text(payload)
+        write_trainer_state(tmp, {"payload": payload})
+
+    return write
+
+
+def test_save_is_atomic_and_keeps_the_last_n(tmp_path):
+    store = CheckpointStore(tmp_path / "checkpoints", keep=2)
+    for step in (10, 20, 30):
+        path = store.save(step, _write(f"s{step}"))
+        assert path.name == f"step_{step:06d}" and problem(path) is None
+    assert [step_of(p) for p in store.complete()] == [30, 20]
+    assert read_trainer_state(store.latest()) == {"payload": "s30"}
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path):
+    store = CheckpointStore(tmp_path / "checkpoints", keep=2)
+    store.save(10, _write("ok"))
+
+    def crash(tmp):
+        (tmp / "trainer.pkl").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        store.save(20, crash)
+    assert [step_of(p) for p in store.complete()] == [10]
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda p: (p / "manifest.json").unlink(), "no manifest.json"),
+        (lambda p: (p / "manifest.json").write_text("{not json"), "unreadable manifest"),
+        (lambda p: (p / "policy" / "shard.bin").unlink(), "policy/shard.bin is missing"),
+        (lambda p: (p / "trainer.pkl").write_bytes(b"cut"), "trainer.pkl has 3 bytes"),
+    ],
+)
+def test_damaged_checkpoints_are_detected_and_skipped(tmp_path, damage, reason):
+    store = CheckpointStore(tmp_path / "checkpoints", keep=3)
+    store.save(1, _write("old"))
+    newest = store.save(2, _write("new"))
+    damage(newest)
+    assert reason in problem(newest)
+    assert [step_of(p) for p in store.complete()] == [1]
+
+
+def test_unreadable_trainer_state_names_the_file(tmp_path):
+    (tmp_path / "trainer.pkl").write_bytes(b"\x80\x05garbage")
+    with pytest.raises(CheckpointError, match="trainer.pkl is unreadable"):
+        read_trainer_state(tmp_path)
+
+
+def test_resume_auto_picks_the_run_with_the_newest_checkpoint(tmp_path):
+    old = CheckpointStore(tmp_path / "run-a" / "checkpoints", 2)
+    old.save(5, _write("a"))
+    time.sleep(0.02)
+    new = CheckpointStore(tmp_path / "run-b" / "checkpoints", 2)
+    new.save(3, _write("b"))
+    (tmp_path / "run-c" / "checkpoints").mkdir(parents=True)  # no complete checkpoint
+    assert resolve_resume("auto", str(tmp_path), None) == (tmp_path / "run-b", None)
+    assert resolve_resume("auto", str(tmp_path), "run-a") == (tmp_path / "run-a", None)
+    assert resolve_resume("auto", str(tmp_path), "run-c") is None
+    assert resolve_resume("auto", str(tmp_path / "nothing"), None) is None
+    chosen = tmp_path / "run-a" / "checkpoints" / "step_000005"
+    assert resolve_resume(str(chosen), str(tmp_path), None) == (tmp_path / "run-a", chosen)
+    with pytest.raises(CheckpointError, match="not a run directory"):
+        resolve_resume(str(tmp_path / "elsewhere"), str(tmp_path), None)
+
+
+def test_trim_metrics_drops_later_steps_and_torn_lines(tmp_path):
+    lines = [json.dumps({"step": s}) for s in range(6)] + ['{"step": 6, "loss"']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
+    assert trim_metrics(tmp_path, 3) == 3
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+
+
+def _group(version: int, uid: int) -> RolloutGroup:
+    prompt = Prompt(uid=uid, text="1+1=", answer="2")
+    completion = Completion([1, 2], [-0.1, -0.2], "stop", version)
+    return RolloutGroup(prompt, [Sample(prompt, [3], completion, "2", reward=1.0)])
+
+
+def test_buffer_state_round_trip_after_pause_and_drain():
+    buffer = StreamingBuffer(batch_size=2, group_size=1, max_staleness=1)
+    assert buffer.reserve(4) == 4  # (0 steps + 1 + 1) x 2 groups
+    for uid in range(3):
+        buffer.put(_group(0, uid))
+    buffer.pause()
+    drained = threading.Event()
+    waiter = threading.Thread(target=lambda: buffer.wait_drained() and drained.set())
+    waiter.start()
+    assert not drained.wait(0.2)  # one group still in flight
+    with pytest.raises(RuntimeError, match="in flight"):
+        buffer.state_dict()
+    buffer.cancel(1, "failed")
+    waiter.join(5)
+    assert drained.is_set()
+    state = buffer.state_dict()
+    restored = StreamingBuffer(batch_size=2, group_size=1, max_staleness=1)
+    restored.load_state_dict(state)
+    assert restored.accounting() == buffer.accounting()
+    assert [g.prompt.uid for g in restored.take(2)] == [0, 1]
+    # paused: no reservation is granted until resume
+    granted = []
+    feeder = threading.Thread(target=lambda: granted.append(buffer.reserve(1)))
+    buffer.take(2)
+    buffer.step_done(1)
+    feeder.start()
+    time.sleep(0.2)
+    assert granted == []
+    buffer.resume()
+    feeder.join(5)
+    assert granted == [1]
+
+
+def test_checkpoint_dir_is_fsynced_before_rename(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    store = CheckpointStore(tmp_path / "checkpoints", keep=1)
+    path = store.save(1, _write("x"))
+    tmp_name = ".tmp-step_000001"
+    assert any(p.endswith(f"{tmp_name}/trainer.pkl") for p in synced)
+    assert any(p.endswith(f"{tmp_name}/manifest.json") for p in synced)
+    assert synced[-1] == str(path.parent)  # the rename itself is made durable
+
+
+def test_export_refuses_an_incomplete_checkpoint(tmp_path, capsys):
+    from rlsys.cli import main
+
+    store = CheckpointStore(tmp_path / "checkpoints", keep=1)
+    path = store.save(1, _write("x"))
+    (path / "manifest.json").unlink()
+    assert main(["export", str(path), str(tmp_path / "out")]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
