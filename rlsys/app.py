@@ -163,19 +163,6 @@ def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path]] | None:
     return run_dir, complete
 
 
-def _restore_latest(controller, candidates: list[Path]) -> Path:
-    """Restore the newest checkpoint that loads; a damaged one falls back to the previous."""
-    for path in candidates:
-        try:
-            controller.restore(path)
-            return path
-        except Exception as exc:  # noqa: BLE001 - any unreadable part means: try an older one
-            log.warning("checkpoint %s does not load (%s): trying the previous one", path, exc)
-    from rlsys.checkpoint import CheckpointError
-
-    raise CheckpointError(f"no checkpoint of {[str(p) for p in candidates]} loads; see above")
-
-
 def train(cfg: TrainConfig) -> Path:
     """``rlsys train``: warm start (if enabled), RL, final eval; returns summary.json's path.
     With ``resume`` it continues a run from its latest complete checkpoint."""
@@ -227,7 +214,7 @@ def train(cfg: TrainConfig) -> Path:
         )
         resumed_from = None
         if resume is not None:
-            resumed_from = _restore_latest(controller, candidates)
+            resumed_from = controller.restore_newest(candidates)
         with _on_sigterm(controller.preempt):
             summary = controller.run()
         if not summary["preempted"]:

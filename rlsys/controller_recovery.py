@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlsys.checkpoint import read_trainer_state, step_of, write_trainer_state
+from rlsys.checkpoint import CheckpointError, read_trainer_state, step_of, write_trainer_state
 from rlsys.faults import dead_actors, is_actor_failure
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,6 @@ class Recoverable:
         buffer paused and drained or the pipeline not started)."""
         totals = dataclasses.replace(self.totals, train_wall_s=self._elapsed())
         return {
-            "step": self.totals.steps,
             "version": self.version,
             "totals": dataclasses.asdict(totals),
             "marks": [self._drawn, self._filtered],
@@ -93,6 +92,17 @@ class Recoverable:
         self.pools.sync_weights(self.version)
         self.tracker.rewind(self.totals.steps)
         log.info("resumed from %s: step %d, policy version %d", path, step_of(path), self.version)
+
+    def restore_newest(self, candidates: list[Path]) -> Path:
+        """Restore the first of ``candidates`` (newest first) that loads; a damaged one falls
+        back to the next. Raises CheckpointError when none loads."""
+        for path in candidates:
+            try:
+                self.restore(path)
+                return path
+            except Exception as exc:  # noqa: BLE001 - any unreadable part: try an older one
+                log.warning("checkpoint %s does not load (%s): trying the previous one", path, exc)
+        raise CheckpointError(f"no checkpoint of {[str(p) for p in candidates]} loads; see above")
 
     def _replace_rollout_worker(self, worker: int, exc: BaseException) -> bool:
         """A rollout loop's generation call failed: if its worker process died, start a new
