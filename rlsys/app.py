@@ -211,12 +211,14 @@ def train(cfg: TrainConfig) -> Path:
             tracker,
             CheckpointStore(run_dir / "checkpoints", cfg.checkpoint.keep),
             {"model_path": policy_path, "warm_start": warm, "tracker_run_id": tracker.run_id},
+            run_dir,
         )
         resumed_from = None
         if resume is not None:
             resumed_from = controller.restore_newest(candidates)
         with _on_sigterm(controller.preempt):
             summary = controller.run()
+        summary["nodes"] = pools.node_ids()  # the Ray node of every actor, per pool
         if not summary["preempted"]:
             final = save_final_policy(pools, run_dir)
     finally:

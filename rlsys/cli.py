@@ -1,7 +1,10 @@
-"""The ``rlsys`` command: ``rlsys <train|sft|eval> [--cfg job] [key=value ...]``.
+"""The ``rlsys`` command: ``rlsys <train|sft|eval|submit> [--cfg job] [key=value ...]``.
 
 Overrides are Hydra overrides (``learner.world_size=1``, ``algorithm=grpo``). The config is
 validated before anything heavy is imported or started, so a bad key fails in about a second.
+``rlsys submit launcher=<ray_job|kuberay|slurm>`` sends ``rlsys train`` with the same
+overrides to a cluster; ``status`` / ``stop`` follow the job; ``scale`` resizes a running
+run's rollout pool.
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ COMMANDS = {
     "eval": "greedy held-out accuracy of model.path on task",
 }
 EXPORT_HELP = "write a checkpoint's policy as a Hugging Face directory (no Ray, no learners)"
+SUBMIT_HELP = "submit `rlsys train <overrides>` with launcher=ray_job|kuberay|slurm (or local)"
+JOB_COMMANDS = {
+    "status": "print the state of a submitted job (give the same launcher overrides)",
+    "stop": "stop a submitted job (the run checkpoints on SIGTERM)",
+}
+SCALE_HELP = "resize a running run's rollout pool: rlsys scale RUN_DIR rollout=N"
 
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: the shell's code for "terminated", so schedulers requeue
@@ -31,6 +40,18 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         cmd.add_argument("--cfg", choices=["job"], help="print the resolved config and exit")
         cmd.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data.batch_size=16")
+    submit = sub.add_parser("submit", help=SUBMIT_HELP, description=SUBMIT_HELP)
+    submit.add_argument(
+        "--dry-run", action="store_true", help="print what would be submitted; submit nothing"
+    )
+    submit.add_argument("overrides", nargs="*", help="Hydra overrides, as for rlsys train")
+    for name, help_text in JOB_COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.add_argument("job_id", help="the id `rlsys submit` printed")
+        cmd.add_argument("overrides", nargs="*", help="launcher=... cluster.address=... etc.")
+    scale = sub.add_parser("scale", help=SCALE_HELP, description=SCALE_HELP)
+    scale.add_argument("run_dir", help="the run's directory (it holds config.yaml)")
+    scale.add_argument("targets", nargs="+", help="pool=size, e.g. rollout=4")
     export = sub.add_parser("export", help=EXPORT_HELP, description=EXPORT_HELP)
     export.add_argument("checkpoint", help="a run's checkpoints/step_<N> (or its policy/)")
     export.add_argument("out_dir", help="where the Hugging Face directory goes")
@@ -49,10 +70,43 @@ def _export(checkpoint: str, out_dir: str) -> int:
     return 0
 
 
+def _scale(run_dir: str, targets: list[str]) -> int:
+    from rlsys.elastic import ScaleError, request_scale
+
+    try:
+        print(request_scale(run_dir, targets))
+    except ScaleError as exc:
+        print(f"rlsys scale: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _launch(args, cfg) -> int:
+    """``submit`` / ``status`` / ``stop`` through the launcher ``launcher.kind`` names."""
+    from rlsys.config import ConfigError
+    from rlsys.launch import LAUNCHERS, LaunchError
+
+    launcher = LAUNCHERS.get(cfg.launcher.kind)()
+    try:
+        if args.command == "submit":
+            return launcher.submit(cfg, list(args.overrides), args.dry_run)
+        if args.command == "status":
+            return launcher.status(cfg, args.job_id)
+        return launcher.stop(cfg, args.job_id)
+    except ConfigError as exc:  # the run does not fit what the launcher renders
+        print(f"rlsys {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"rlsys {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "export":
         return _export(args.checkpoint, args.out_dir)
+    if args.command == "scale":
+        return _scale(args.run_dir, args.targets)
     from rlsys.config import ConfigError
     from rlsys.config.loader import load_config, to_yaml
 
@@ -61,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rlsys {args.command}: config error: {exc}", file=sys.stderr)
         return 2
+    if args.command in ("submit", *JOB_COMMANDS):
+        return _launch(args, cfg)
     if args.cfg == "job":
         print(to_yaml(cfg), end="")
         return 0

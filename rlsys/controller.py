@@ -21,6 +21,8 @@ groups as they finish, into the streaming buffer; this thread is the learner::
         drained, learners + controller state saved          (controller_recovery.py)
     a worker process dies: replace it; a rollout request is retried, a failed step goes
         back to the latest checkpoint                         (controller_recovery.py)
+    after a step, if asked (rollout.elastic.schedule, `rlsys scale`): add rollout workers
+        (weights v first) or retire some after their requests  (controller_elastic.py)
 
 ``buffer.max_staleness=0`` is synchronous on-policy training: the next batch is issued only
 once the new weights are in the engines. ``1`` overlaps the next batch's generation with
@@ -47,10 +49,12 @@ from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint import CheckpointStore, step_of
 from rlsys.collector import RolloutCollector
 from rlsys.config.schema import TrainConfig
+from rlsys.controller_elastic import Elastic
 from rlsys.controller_recovery import Recoverable
 from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
+from rlsys.elastic import ScalePlan
 from rlsys.faults import Restarts, nonfinite_streak
 from rlsys.pipeline import Pipeline
 from rlsys.pools import Pools
@@ -86,11 +90,13 @@ class RunTotals:
     train_wall_s: float = 0.0  # wall seconds of training before this process (resumed runs)
     nonfinite_steps: int = 0  # steps with an optimizer step skipped for a non-finite value
     nonfinite_run: int = 0  # of those, in a row up to the latest step
+    scale_events: list[dict] = field(default_factory=list)  # rollout pool resizes
 
 
-class Controller(Recoverable):
+class Controller(Recoverable, Elastic):
     """Drives the pools through ``trainer.total_steps`` RL steps (fewer if a budget ends
-    the run)."""
+    the run). ``run_dir`` is where ``rlsys scale`` leaves resize requests (None: only the
+    schedule resizes the rollout pool)."""
 
     def __init__(
         self,
@@ -101,6 +107,7 @@ class Controller(Recoverable):
         tracker: Tracker,
         checkpoints: CheckpointStore | None = None,
         run_info: dict | None = None,
+        run_dir: Path | None = None,
     ) -> None:
         self.cfg, self.pools, self.tracker, self.task = cfg, pools, tracker, task
         self.checkpoints = checkpoints  # None: no checkpoints (and no learner recovery from one)
@@ -125,6 +132,8 @@ class Controller(Recoverable):
         # rollout worker is sent weights that match the current version.
         self._weights_lock = threading.RLock()
         self._last_saved: Path | None = None
+        self.scale_plan = ScalePlan(cfg.rollout.elastic.schedule, run_dir)
+        self._rollout_target: int | None = None  # the size asked for; None: as started
         self._set_learning_rates()
         self._reset()
 
@@ -384,6 +393,7 @@ class Controller(Recoverable):
             self.tracker.log(step, metrics)
             if save:
                 self.save_checkpoint()
+            self._rescale(step)
             stop = self._budget_spent(self._elapsed())
             if stop and step < trainer.total_steps:
                 log.warning("%s reached at step %d: stopping", stop, step)
@@ -423,6 +433,7 @@ class Controller(Recoverable):
         batch, n = self.cfg.data.batch_size, self.cfg.rollout.n_samples
         drawn, filtered = self.pipeline.prompts_drawn, self.buffer.stats.dropped_filtered
         out = {
+            "pool/rollout_workers": len(self.pipeline.rollouts),
             "rollout/sampling_rounds": (drawn - self._drawn) / batch,
             "rollout/groups_filtered": (filtered - self._filtered) / n,
             "rollout/reward_errors": float(self.collector.reward_errors),
@@ -541,6 +552,7 @@ class Controller(Recoverable):
             "last_checkpoint": str(self._last_saved) if self._last_saved else None,
             "restarts": dataclasses.asdict(self.restarts),
             "nonfinite_steps": self.totals.nonfinite_steps,
+            "scale_events": self.totals.scale_events,
         }
 
 

@@ -129,6 +129,7 @@ class Recoverable:
         if not is_actor_failure(exc):
             return False
         self.pipeline.stop()
+        self._drop_retired()
         learners_dead, rollout_dead = dead_actors(self.pools)
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         log.warning(

@@ -8,7 +8,7 @@ and all of them together must fit. No resource number is written anywhere else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
@@ -21,6 +21,17 @@ class ActorResources:
     num_cpus: float
     num_gpus: float
     threads: int
+    resources: dict[str, float] = field(default_factory=dict)  # custom (node-group) resources
+
+    def actor_options(self, **extra) -> dict:
+        """Keyword arguments of ``ActorClass.options`` for an actor with these resources."""
+        return {
+            "num_cpus": self.num_cpus,
+            "num_gpus": self.num_gpus,
+            "resources": dict(self.resources),
+            "runtime_env": thread_env(self.threads),
+            **extra,
+        }
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,8 @@ class PoolSpec:
     gpus: float
     count_key: str
     cpus_key: str
+    resources: dict[str, float] = field(default_factory=dict)  # custom resources per actor
+    resources_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,7 +79,8 @@ def thread_env(threads: int) -> dict:
     return {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
 
 
-def _pools(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
+def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
+    """Every pool of the run (learner and rollout first), as configured."""
     pools = [
         PoolSpec(
             "learner",
@@ -75,6 +89,8 @@ def _pools(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
             cfg.learner.num_gpus_per_rank,
             "learner.world_size",
             "learner.num_cpus_per_rank",
+            cfg.placement.learner_resources,
+            "placement.learner_resources",
         ),
         PoolSpec(
             "rollout",
@@ -83,6 +99,8 @@ def _pools(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
             cfg.rollout.num_gpus_per_worker,
             "rollout.num_workers",
             "rollout.num_cpus_per_worker",
+            cfg.placement.rollout_resources,
+            "placement.rollout_resources",
         ),
     ]
     if roles.reference:
@@ -94,6 +112,8 @@ def _pools(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
                 cfg.reference.num_gpus,
                 "reference (1 actor)",
                 "reference.num_cpus",
+                cfg.placement.learner_resources,
+                "placement.learner_resources",
             )
         )
     if roles.critic:
@@ -105,6 +125,8 @@ def _pools(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
                 cfg.critic.num_gpus_per_rank,
                 "critic.world_size",
                 "critic.num_cpus_per_rank",
+                cfg.placement.learner_resources,
+                "placement.learner_resources",
             )
         )
     return pools
@@ -112,12 +134,39 @@ def _pools(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
 
 def wants_gpus(cfg: TrainConfig, roles: Roles) -> bool:
     """Whether any pool of the run asks for GPUs."""
-    return any(pool.gpus > 0 for pool in _pools(cfg, roles))
+    return any(pool.gpus > 0 for pool in pool_specs(cfg, roles))
 
 
-def check_fits(cfg: TrainConfig, total_cpus: float, total_gpus: float, roles: Roles) -> None:
-    """Fail with the keys to change when the pools cannot fit the cluster."""
-    pools = _pools(cfg, roles)
+def custom_resources_needed(cfg: TrainConfig, roles: Roles) -> dict[str, float]:
+    """Custom resources every actor of the run asks for together (a local Ray advertises
+    them, so a config pinned to node groups also runs on one machine)."""
+    need: dict[str, float] = {}
+    for pool in pool_specs(cfg, roles):
+        for name, amount in pool.resources.items():
+            need[name] = need.get(name, 0.0) + pool.count * amount
+    return need
+
+
+def check_fits(
+    cfg: TrainConfig,
+    total_cpus: float,
+    total_gpus: float,
+    roles: Roles,
+    custom: dict[str, float] | None = None,
+) -> None:
+    """Fail with the keys to change when the pools cannot fit the cluster (``custom``: the
+    cluster's custom resources; None skips that check)."""
+    pools = pool_specs(cfg, roles)
+    if custom is not None:
+        for name, need in custom_resources_needed(cfg, roles).items():
+            if need > custom.get(name, 0.0) + 1e-9:
+                keys = sorted({p.resources_key for p in pools if name in p.resources})
+                raise ConfigError(
+                    f"{' and '.join(keys)} ask for {need:g} of the custom resource {name!r} "
+                    f"in total but the cluster's nodes advertise {custom.get(name, 0.0):g}; "
+                    f"start nodes with --resources='{{\"{name}\": N}}' (or the launcher's node "
+                    "groups), or shrink the pools"
+                )
     for pool in pools:
         need = pool.count * pool.cpus
         if need > total_cpus + 1e-9:
@@ -148,11 +197,14 @@ def check_fits(cfg: TrainConfig, total_cpus: float, total_gpus: float, roles: Ro
 
 def plan_placement(cfg: TrainConfig, roles: Roles) -> Placement:
     """Per-actor Ray requests for each pool (call ``check_fits`` first)."""
-    pools = {p.name: p for p in _pools(cfg, roles)}
+    pools = {p.name: p for p in pool_specs(cfg, roles)}
     share = len(pools) if cfg.placement.mode == "colocated" else 1
 
     def resources(pool: PoolSpec) -> ActorResources:
-        return ActorResources(pool.cpus / share, pool.gpus / share, max(1, int(pool.cpus)))
+        # custom resources pin a pool to node groups: asked for as given, never shared
+        return ActorResources(
+            pool.cpus / share, pool.gpus / share, max(1, int(pool.cpus)), dict(pool.resources)
+        )
 
     return Placement(
         learner=resources(pools["learner"]),

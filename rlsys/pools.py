@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import ray
 
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import Roles, plan_placement, thread_env
+from rlsys.placement import Roles, plan_placement
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync import TRANSPORTS, SendResult, WeightTransport, WeightUpdate
 from rlsys.workers.calls import get_all
@@ -69,6 +69,15 @@ class Pools:
             self.critic.shutdown(timeout_s=5.0)
             self.critic = self.respawn_critic()
         self.connect_weight_sync()
+
+    def node_ids(self) -> dict[str, list[str]]:
+        """The Ray node each actor runs on, per pool (summary.json's ``nodes``)."""
+        nodes = {"rollout": self.rollout.node_ids(), "learner": self.learner.node_ids()}
+        if self.critic is not None:
+            nodes["critic"] = self.critic.node_ids()
+        if self.reference is not None:
+            nodes["reference"] = [ray.get(self.reference.node_id.remote())]
+        return nodes
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None
@@ -133,9 +142,7 @@ def start_pools(
         reference = None
         if roles.reference:
             res = placement.reference
-            reference = ReferenceWorker.options(
-                num_cpus=res.num_cpus, num_gpus=res.num_gpus, runtime_env=thread_env(res.threads)
-            ).remote(
+            reference = ReferenceWorker.options(**res.actor_options()).remote(
                 model_path,
                 cfg.model.dtype,
                 cfg.learner.micro_batch_size,

@@ -55,12 +55,33 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
     return f"{message} (overrides: {' '.join(overrides) or 'none'})"
 
 
+def _dict_fields(node: DictConfig, prefix: str = "") -> list[str]:
+    """Keys of the schema's free-form dict fields (``placement.rollout_resources``...)."""
+    keys = []
+    for key in node:
+        value = node._get_node(key)
+        if isinstance(value, DictConfig):
+            if OmegaConf.get_type(value) is dict:
+                keys.append(f"{prefix}{key}")
+            else:
+                keys.extend(_dict_fields(value, f"{prefix}{key}."))
+    return keys
+
+
+def _open_dicts(overrides: list[str]) -> list[str]:
+    """``key={a:1}`` -> ``++key={a:1}`` for the schema's dict fields: Hydra merges a dict
+    override into the field, and struct mode refuses keys the default lacks; ``++`` lets the
+    user's keys in (their values are still type-checked)."""
+    fields = set(_dict_fields(OmegaConf.structured(TrainConfig)))
+    return [f"++{o}" if o.split("=", 1)[0] in fields else o for o in overrides]
+
+
 def compose_config(overrides: list[str], config_name: str = "config") -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with overrides; raises ConfigError on bad input."""
     _register_schema()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return compose(config_name=config_name, overrides=list(overrides))
+            return compose(config_name=config_name, overrides=_open_dicts(list(overrides)))
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain(exc, overrides)) from exc
 

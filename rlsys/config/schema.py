@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from rlsys.algorithms import names
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.elastic import ElasticConfig
 from rlsys.config.errors import ConfigError
+from rlsys.config.launch import LauncherConfig
 from rlsys.config.learner import CriticConfig, LearnerConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 
@@ -210,6 +212,7 @@ class RolloutConfig:
     # (one call per worker per batch). Smaller calls stream groups to scoring sooner.
     prompts_per_request: int | None = None
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)  # resize the pool mid-run
 
     def __post_init__(self) -> None:
         one_of("rollout.engine", self.engine, ("hf", "vllm"))
@@ -299,9 +302,23 @@ class PlacementConfig:
     """Whether rollout and learner pools share devices or have their own."""
 
     mode: str = "colocated"  # colocated: pools time-share the same CPUs/GPUs
+    # Custom Ray resources each actor of a pool asks for, to pin the pool to the nodes that
+    # advertise them (`ray start --resources='{"rollout_nodes": 4}'`, a KubeRay worker group,
+    # a Slurm node group): e.g. placement.rollout_resources={rollout_nodes:1}. Empty: any node.
+    rollout_resources: dict[str, float] = field(default_factory=dict)  # each rollout worker
+    learner_resources: dict[str, float] = field(default_factory=dict)  # learner, critic, reference
 
     def __post_init__(self) -> None:
         one_of("placement.mode", self.mode, ("colocated", "disaggregated"))
+        for key in ("rollout_resources", "learner_resources"):
+            for name, amount in getattr(self, key).items():
+                if name in ("CPU", "GPU", "memory"):
+                    raise ConfigError(
+                        f"placement.{key} names {name!r}, which the pool sizes already set; "
+                        "use rollout.num_cpus_per_worker / learner.num_gpus_per_rank etc. and "
+                        "keep custom resources for node groups"
+                    )
+                positive(f"placement.{key}.{name}", amount)
 
 
 @dataclass
@@ -406,6 +423,7 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)  # `rlsys submit` only
     # Continue a run from its latest complete checkpoint: "auto" (run.name's directory, else
     # the newest run in run.output_dir that has one), a run directory, or a checkpoint.
     resume: str | None = None

@@ -1,12 +1,16 @@
-"""Start or join Ray, and check before any actor starts that the pools fit."""
+"""Start or join Ray, and check before any actor starts that the pools fit; the local
+launcher (``rlsys submit`` with the default ``launcher=local``)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import ClusterConfig, TrainConfig
-from rlsys.placement import Roles, check_fits, wants_gpus
+from rlsys.launch.base import LAUNCHERS, LaunchError, job_overrides, shell_join
+from rlsys.placement import Roles, check_fits, custom_resources_needed, wants_gpus
 
 
 def _local_gpus(cluster: ClusterConfig) -> int:
@@ -62,9 +66,30 @@ def connect_ray(cfg: TrainConfig, roles: Roles) -> None:
             ray.init(
                 num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
                 num_gpus=cfg.cluster.num_gpus,
+                # this one node plays every node group the pools are pinned to
+                resources=custom_resources_needed(cfg, roles) or None,
                 **kwargs,
             )
         else:
             ray.init(address=cfg.cluster.address, **kwargs)
     resources = ray.cluster_resources()
-    check_fits(cfg, resources.get("CPU", 0), resources.get("GPU", 0), roles)
+    check_fits(cfg, resources.get("CPU", 0), resources.get("GPU", 0), roles, resources)
+
+
+@LAUNCHERS.register("local")
+class LocalLauncher:
+    """``launcher=local`` (the default): ``rlsys submit`` runs ``rlsys train`` here, in the
+    foreground, with the same overrides."""
+
+    def submit(self, cfg: TrainConfig, overrides: list[str], dry_run: bool) -> int:
+        argv = ["rlsys", "train", *job_overrides(overrides)[:-1]]  # no cluster.address=auto
+        if dry_run:
+            print(shell_join(argv))
+            return 0
+        return subprocess.call([sys.executable, "-m", "rlsys.cli", *argv[1:]])
+
+    def status(self, cfg: TrainConfig, job_id: str) -> int:
+        raise LaunchError("launcher=local runs in the foreground: there is no job to ask about")
+
+    def stop(self, cfg: TrainConfig, job_id: str) -> int:
+        raise LaunchError("launcher=local runs in the foreground: stop it with Ctrl-C")

@@ -36,13 +36,11 @@ class PromptFeeder(Loop):
         encode: Callable[[list[Prompt]], tuple[list[Prompt], list[list[int]]]],
         requests: queue.Queue,
         prompts_per_request: int,
-        num_consumers: int,
         on_failure,
     ) -> None:
         super().__init__(on_failure)
         self.buffer, self.sampler, self.encode = buffer, sampler, encode
         self.requests, self.per_request = requests, prompts_per_request
-        self.num_consumers = num_consumers
         self.drawn = 0  # prompts drawn so far
 
     def run(self) -> None:
@@ -61,5 +59,4 @@ class PromptFeeder(Loop):
                 if kept:
                     self.requests.put(Request(kept, ids))
         finally:
-            for _ in range(self.num_consumers):
-                self.requests.put(None)
+            self.requests.put(None)

@@ -54,21 +54,23 @@ class Pipeline:
         self.gate = RolloutGate(abort, partial)
         self.error: BaseException | None = None
         self._error_lock = threading.Lock()
-        requests: queue.Queue = queue.Queue()
-        groups: queue.Queue = queue.Queue()
-        per_request = prompts_per_request or math.ceil(buffer.batch_size / num_workers)
+        self._requests: queue.Queue = queue.Queue()
+        self._groups: queue.Queue = queue.Queue()
+        self._prompts_per_request = prompts_per_request
+        self._batch_size = buffer.batch_size
         self.feeder = PromptFeeder(
-            buffer, sampler, encode, requests, per_request, num_workers, self.fail
+            buffer, sampler, encode, self._requests, self._per_request(num_workers), self.fail
         )
-        self.rollouts = [
-            RolloutLoop(
+
+        def new_loop(worker: int) -> RolloutLoop:
+            return RolloutLoop(
                 worker,
                 generate_on,
                 build_groups,
                 self.gate,
                 buffer,
-                requests,
-                groups,
+                self._requests,
+                self._groups,
                 sampling,
                 seed + worker * 1_000_003,
                 greedy_baseline,
@@ -76,18 +78,73 @@ class Pipeline:
                 self.fail,
                 replace_worker,
             )
-            for worker in range(num_workers)
-        ]
+
+        self._new_loop = new_loop
+        self.rollouts = [new_loop(worker) for worker in range(num_workers)]  # active ones
+        self._retiring: list[RolloutLoop] = []  # finishing their request, then ending
+        self._every_rollout = list(self.rollouts)  # for busy time and joins
+        self._calls_of_retired: dict[int, int] = {}  # a re-added worker goes on with its seeds
         self.scoring = ScoringLoop(
-            groups, buffer, score, shape, reference, pad_id, num_workers, self.fail
+            self._groups,
+            buffer,
+            score,
+            shape,
+            reference,
+            pad_id,
+            lambda: len(self._every_rollout),
+            self.fail,
         )
-        self._loops = [self.feeder, *self.rollouts, self.scoring]
+        self._started = False
         self._mark = (time.perf_counter(), self._busy())
+
+    def _per_request(self, workers: int) -> int:
+        return self._prompts_per_request or math.ceil(self._batch_size / workers)
+
+    @property
+    def _loops(self) -> list:
+        return [self.feeder, *self._every_rollout, self.scoring]
 
     def start(self) -> None:
         for loop in self._loops:
             loop.start()
+        self._started = True
         self._mark = (time.perf_counter(), self._busy())
+
+    # ---- resizing the rollout pool (between learner steps, on the learner's thread) ------
+
+    def add_rollout(self, worker: int) -> None:
+        """Start a rollout loop for the new worker ``worker`` (it must hold the current
+        weights already). Counted before it starts, so scoring waits for its end too."""
+        loop = self._new_loop(worker)
+        loop.calls = self._calls_of_retired.pop(worker, 0)
+        self._every_rollout.append(loop)
+        self.rollouts.append(loop)
+        self.feeder.per_request = self._per_request(len(self.rollouts))
+        if self._started:
+            loop.start()
+
+    def retire_rollouts(self, count: int) -> list[int]:
+        """Retire the loops of the last ``count`` workers: each finishes the request it holds
+        (its groups are scored and trained as usual), then ends. Returns their workers."""
+        if not 0 < count < len(self.rollouts):
+            raise ValueError(f"cannot retire {count} of {len(self.rollouts)} rollout loops")
+        leaving, self.rollouts = self.rollouts[-count:], self.rollouts[:-count]
+        for loop in leaving:
+            loop.retiring.set()
+        self._retiring.extend(leaving)
+        self.feeder.per_request = self._per_request(len(self.rollouts))
+        return [loop.worker for loop in leaving]
+
+    def retired(self) -> list[int] | None:
+        """The workers whose retired loops have all ended (their engines may go), or None
+        while any is still finishing a request."""
+        if any(not loop.join(0) for loop in self._retiring):
+            return None
+        workers = [loop.worker for loop in self._retiring]
+        for loop in self._retiring:
+            self._calls_of_retired[loop.worker] = loop.calls
+        self._retiring = []
+        return workers
 
     def fail(self, exc: BaseException) -> None:
         """A loop failed: remember the first error and stop every loop."""
@@ -133,14 +190,14 @@ class Pipeline:
         self.feeder.drawn = state["drawn"]
         for loop, calls, continued in zip(
             self.rollouts, state["calls"], state["continued"], strict=False
-        ):
+        ):  # a checkpoint's loops, or as many as the pool has
             loop.calls, loop.continued = calls, continued
 
     # ---- metrics -----------------------------------------------------------------------
 
     def _busy(self) -> dict[str, float]:
         return {
-            "rollout": sum(loop.read_busy() for loop in self.rollouts),
+            "rollout": sum(loop.read_busy() for loop in self._every_rollout),
             "scoring": self.scoring.read_busy(),
         }
 
@@ -167,7 +224,7 @@ class Pipeline:
     @property
     def samples_continued(self) -> int:
         """Samples a weight update interrupted and that went on under the new weights."""
-        return sum(loop.continued for loop in self.rollouts)
+        return sum(loop.continued for loop in self._every_rollout)
 
 
 def _clip01(x: float) -> float:

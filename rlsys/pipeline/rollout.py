@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import threading
 from collections.abc import Callable
 
 from rlsys.buffer import StreamingBuffer
@@ -24,11 +25,15 @@ BuildGroups = Callable[
 ]
 
 
+RETIRE_POLL_S = 0.2  # how often a loop waiting for a request checks whether it retires
+
+
 class RolloutLoop(Loop):
     """Consumes: ``Request``s from the feeder. Produces: complete groups (every sample
-    finished) on ``groups`` for scoring, then one ``None`` when it ends. Waits for: a request,
-    the gate to open (a weight update in progress), its worker's generation. Unblocked by: the
-    feeder, the learner re-opening the gate.
+    finished) on ``groups`` for scoring, then one ``None`` when it ends (at the end of the run,
+    or retired when the pool shrinks). Waits for: a request, the gate to open (a weight update
+    in progress), its worker's generation. Unblocked by: the feeder, the learner re-opening
+    the gate.
 
     With ``partial`` rollouts, samples a weight update aborted are continued from their prefix
     under the new weights (each token keeps the version that produced it). Without, requests
@@ -63,10 +68,11 @@ class RolloutLoop(Loop):
         self.replace_worker = replace_worker
         self.calls = 0  # generation calls made (each gets its own seed)
         self.continued = 0  # samples continued after an abort
+        self.retiring = threading.Event()  # set: finish the current request, then end
 
     def run(self) -> None:
         try:
-            while (request := self.requests.get()) is not None:
+            while (request := self._next_request()) is not None:
                 try:
                     groups = self._rollout(request)
                 except BaseException:
@@ -79,6 +85,19 @@ class RolloutLoop(Loop):
                     self.groups.put(group)
         finally:
             self.groups.put(None)
+
+    def _next_request(self) -> Request | None:
+        """The next request; None at the end of the run (passed on to the other loops) or
+        once this loop is ``retiring`` (it ends between requests, so none is lost)."""
+        while not self.retiring.is_set():
+            try:
+                request = self.requests.get(timeout=RETIRE_POLL_S)
+            except queue.Empty:
+                continue
+            if request is None:
+                self.requests.put(None)  # one end marker for every loop
+            return request
+        return None
 
     def _rollout(self, request: Request) -> list[RolloutGroup] | None:
         completions = self._complete(request.prompt_ids, self.sampling)

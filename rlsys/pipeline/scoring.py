@@ -19,7 +19,8 @@ from rlsys.types import RolloutGroup, Sample, TrainBatch
 class ScoringLoop(Loop):
     """Consumes: complete groups from the rollout loops. Produces: scored groups in the
     buffer (or drops counted there). Waits for: a group; the reference worker. Unblocked by:
-    any rollout loop finishing a request. Ends when every rollout loop has sent its ``None``.
+    any rollout loop finishing a request. Ends when every rollout loop started so far
+    (``producers()``, which grows as the pool does) has sent its ``None``.
 
     Order per group: the reward function (and ReMax's greedy reply), the buffer's staleness
     and filter screen on the verifier's rewards, ``shape`` (overlong penalty), then for kept
@@ -35,13 +36,13 @@ class ScoringLoop(Loop):
         shape: Callable[[list[Sample]], float],
         reference: Callable[[TrainBatch], np.ndarray] | None,
         pad_id: int,
-        num_producers: int,
+        producers: Callable[[], int],
         on_failure,
     ) -> None:
         super().__init__(on_failure)
         self.groups, self.buffer = groups, buffer
         self.score, self.shape, self.reference = score, shape, reference
-        self.pad_id, self.num_producers = pad_id, num_producers
+        self.pad_id, self.producers = pad_id, producers
         self.stopping = threading.Event()  # the run is ending: count arrivals as unused
         self._window: list[RolloutGroup] = []  # scored since the last drain
         self._penalties: list[float] = []
@@ -50,7 +51,7 @@ class ScoringLoop(Loop):
 
     def run(self) -> None:
         ended = 0
-        while ended < self.num_producers:
+        while ended < self.producers():
             group = self.groups.get()
             if group is None:
                 ended += 1

@@ -9,7 +9,7 @@ import numpy as np
 import ray
 
 from rlsys.config.learner import LearnerConfig
-from rlsys.placement import ActorResources, thread_env
+from rlsys.placement import ActorResources
 from rlsys.types import TrainBatch
 from rlsys.weight_sync.base import SendResult, SyncAddress, WeightTransport
 from rlsys.workers.calls import get_all
@@ -34,6 +34,10 @@ class LearnerWorker:
         self.device_type = pick_device(num_gpus)
         self.backend = None
         self.transport: WeightTransport | None = None  # rank 0 only: sends to the engines
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on."""
+        return ray.get_runtime_context().get_node_id()
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the process-group rendezvous."""
@@ -143,11 +147,9 @@ class LearnerGroup:
     ) -> None:
         self.cfg = cfg
         self.workers = [
-            LearnerWorker.options(
-                num_cpus=resources.num_cpus,
-                num_gpus=resources.num_gpus,
-                runtime_env=thread_env(resources.threads),
-            ).remote(rank, cfg.world_size, resources.threads, resources.num_gpus)
+            LearnerWorker.options(**resources.actor_options()).remote(
+                rank, cfg.world_size, resources.threads, resources.num_gpus
+            )
             for rank in range(cfg.world_size)
         ]
         addr, port = ray.get(self.workers[0].address.remote())
@@ -199,6 +201,10 @@ class LearnerGroup:
             ]
         )
         return metrics[0]
+
+    def node_ids(self) -> list[str]:
+        """The Ray node of every rank."""
+        return ray.get([w.node_id.remote() for w in self.workers])
 
     def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
         """Peak learning rate, and the optimizer steps a cosine schedule decays over."""

@@ -31,6 +31,10 @@ class ReferenceWorker:
         self.micro = micro_batch_size
         self.temperature = temperature
 
+    def node_id(self) -> str:
+        """The Ray node this worker runs on."""
+        return ray.get_runtime_context().get_node_id()
+
     def ready(self) -> bool:
         return True
 

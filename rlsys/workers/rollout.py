@@ -10,7 +10,7 @@ import numpy as np
 import ray
 
 from rlsys.config.schema import RolloutConfig
-from rlsys.placement import ActorResources, thread_env
+from rlsys.placement import ActorResources
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import SyncAddress, WeightTransport, WeightUpdate
 
@@ -57,6 +57,10 @@ class RolloutWorker:
     def version(self) -> int:
         return self.engine.version
 
+    def node_id(self) -> str:
+        """The Ray node this worker runs on."""
+        return ray.get_runtime_context().get_node_id()
+
     def pid(self) -> int:
         """The worker's process id (tests kill it to exercise recovery)."""
         return os.getpid()
@@ -86,12 +90,9 @@ class RolloutPool:
     def _spawn(self) -> ray.actor.ActorHandle:
         res = self.resources
         # max_concurrency 2: abort() must reach a worker while generate() runs
-        return RolloutWorker.options(
-            num_cpus=res.num_cpus,
-            num_gpus=res.num_gpus,
-            max_concurrency=2,
-            runtime_env=thread_env(res.threads),
-        ).remote(self.cfg, self.model_path, self.dtype, res.threads, res.num_gpus)
+        return RolloutWorker.options(**res.actor_options(max_concurrency=2)).remote(
+            self.cfg, self.model_path, self.dtype, res.threads, res.num_gpus
+        )
 
     def replace(self, worker: int) -> None:
         """Kill worker ``worker`` (if it still runs) and start a fresh engine in its place,
@@ -100,6 +101,29 @@ class RolloutPool:
             ray.kill(self.workers[worker])
         self.workers[worker] = self._spawn()
         ray.get(self.workers[worker].version.remote())
+
+    def grow(self, count: int, timeout_s: float) -> list[int]:
+        """Start ``count`` more workers (on the starting weights: send them the current ones
+        before they take work); returns their indices. If they are not all up within
+        ``timeout_s`` (the cluster has no room), they are stopped and TimeoutError raised."""
+        new = [self._spawn() for _ in range(count)]
+        try:
+            ray.get([w.version.remote() for w in new], timeout=timeout_s)
+        except BaseException:
+            for w in new:
+                ray.kill(w)
+            raise
+        first = len(self.workers)
+        self.workers.extend(new)
+        return list(range(first, len(self.workers)))
+
+    def shrink(self, workers: list[int]) -> None:
+        """Stop ``workers``, which must be the last ones (their loops have ended)."""
+        keep = len(self.workers) - len(workers)
+        if sorted(workers) != list(range(keep, len(self.workers))):
+            raise ValueError(f"only the last workers can go, not {workers}")
+        leaving, self.workers = self.workers[keep:], self.workers[:keep]
+        _stop(leaving, timeout_s=30.0)
 
     def submit(
         self,
@@ -163,12 +187,21 @@ class RolloutPool:
             with contextlib.suppress(ray.exceptions.RayActorError):
                 ray.get(ref)
 
+    def node_ids(self) -> list[str]:
+        """The Ray node of every worker."""
+        return ray.get([w.node_id.remote() for w in self.workers])
+
     def versions(self) -> list[int]:
         return ray.get([w.version.remote() for w in self.workers])
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Release transport buffers if workers answer in time, then kill them."""
-        with contextlib.suppress(Exception):  # cleanup must reach the kills below
-            ray.get([w.close.remote() for w in self.workers], timeout=timeout_s)
-        for w in self.workers:
-            ray.kill(w)
+        _stop(self.workers, timeout_s)
+
+
+def _stop(workers: list[ray.actor.ActorHandle], timeout_s: float) -> None:
+    """Release the workers' transport buffers if they answer in time, then kill them."""
+    with contextlib.suppress(Exception):  # cleanup must reach the kills below
+        ray.get([w.close.remote() for w in workers], timeout=timeout_s)
+    for w in workers:
+        ray.kill(w)

@@ -174,3 +174,33 @@ def test_colocated_pools_split_their_share_of_the_cpus():
     assert shared.reference.num_cpus == ppo.reference.num_cpus / 4
     disagg = plan_placement(load_config(["placement=disaggregated"]), roles=Roles())
     assert disagg.rollout.num_cpus == cfg.rollout.num_cpus_per_worker
+
+
+def test_custom_resources_pin_pools_and_must_be_advertised():
+    cfg = load_config(
+        [
+            "algorithm=ppo",
+            "rollout.num_workers=2",
+            "learner.world_size=2",
+            "placement.rollout_resources={rollout_nodes:1}",
+            "placement.learner_resources={learner_nodes:0.5}",
+        ]
+    )
+    roles = Roles.for_rl(cfg)
+    placement = plan_placement(cfg, roles)
+    assert placement.rollout.resources == {"rollout_nodes": 1.0}
+    # the critic goes where the learner group is; custom resources are asked for as given
+    for res in (placement.learner, placement.critic):
+        assert res.resources == {"learner_nodes": 0.5}
+    assert placement.rollout.actor_options()["resources"] == {"rollout_nodes": 1.0}
+    big = {"rollout_nodes": 2.0, "learner_nodes": 2.0}  # 2 ranks x 0.5, twice (critic)
+    check_fits(cfg, 64, 0, roles, custom=big)
+    with pytest.raises(ConfigError, match="'rollout_nodes' in total but the cluster's nodes"):
+        check_fits(cfg, 64, 0, roles, custom={**big, "rollout_nodes": 1.0})
+    with pytest.raises(ConfigError, match="placement.learner_resources ask for 2 of"):
+        check_fits(cfg, 64, 0, roles, custom={"rollout_nodes": 2.0})
+
+
+def test_placement_resources_refuse_cpu_and_gpu_keys():
+    with pytest.raises(ConfigError, match="placement.rollout_resources names 'GPU'"):
+        load_config(["placement.rollout_resources={GPU:1}"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -30,6 +31,7 @@ class FakeEngines:
         self._lock = threading.Lock()
         self.running = 0
         self.calls = 0
+        self.calls_by_worker: Counter = Counter()
         self.overlapped = False  # a call ran while the learner trained
 
     def generate_on(self, worker, prompt_ids, sampling, seed, budgets):
@@ -37,6 +39,7 @@ class FakeEngines:
         flag.clear()
         with self._lock:
             self.calls += 1
+            self.calls_by_worker[worker] += 1
             if self.calls == self.fail_on_call:
                 raise RuntimeError("engine died")
             self.running += 1
@@ -219,3 +222,36 @@ def test_a_failing_engine_stops_the_pipeline_and_is_counted():
     report = buffer.accounting()
     assert report["balanced"], report
     assert report["samples_dropped"]["failed"] == N
+
+
+def test_the_rollout_pool_grows_and_shrinks_mid_run_without_losing_samples():
+    engines = FakeEngines(num_workers=3, token_s=0.004)
+    buffer = StreamingBuffer(BATCH, N, max_staleness=1)
+    pipeline = _pipeline(engines, buffer, num_workers=1)
+    pipeline.start()
+    try:
+        _learn(pipeline, engines, buffer, steps=2, train_s=0.02, check=lambda k, v: None)
+        assert set(engines.calls_by_worker) == {0}
+        for worker in (1, 2):
+            pipeline.add_rollout(worker)
+        assert pipeline.feeder.per_request == 2  # ceil(BATCH / 3): every worker gets work
+        _learn(pipeline, engines, buffer, steps=3, train_s=0.02, check=lambda k, v: None)
+        assert set(engines.calls_by_worker) == {0, 1, 2}, "the new loops took no requests"
+        assert pipeline.retire_rollouts(2) == [1, 2]
+        assert [loop.worker for loop in pipeline.rollouts] == [0]
+        deadline = time.monotonic() + 10
+        while (gone := pipeline.retired()) is None:  # they finish the request they hold
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert gone == [1, 2]
+        before = dict(engines.calls_by_worker)
+        _learn(pipeline, engines, buffer, steps=3, train_s=0.02, check=lambda k, v: None)
+        after = dict(engines.calls_by_worker)
+        assert after[1] == before[1] and after[2] == before[2], "a retired loop kept working"
+        assert after[0] > before[0]
+    finally:
+        pipeline.stop()
+    report = buffer.accounting()
+    assert report["balanced"], report
+    assert report["samples_trained"] == 8 * BATCH * N
+    assert report["samples_dropped"]["failed"] == 0

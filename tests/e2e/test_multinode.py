@@ -1,0 +1,221 @@
+"""A Ray cluster of three nodes on loopback (``ray start``: a head, a learner node and a
+rollout node, each with its own custom resource), and ``rlsys submit launcher=ray_job`` on
+it: the job runs, its pools land on the nodes they are pinned to, and status/stop work."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = [
+    "warm_start.enabled=false",
+    "trainer.eval_every=0",
+    "eval.num_prompts=16",
+    "task.eval_size=16",
+    "sft.eval_prompts=16",
+    "data.batch_size=8",
+    "rollout.n_samples=4",
+    "learner.world_size=1",
+    "rollout.num_workers=1",
+    "rollout.num_cpus_per_worker=1",
+    "learner.num_cpus_per_rank=1",
+    "placement=disaggregated",
+    "placement.rollout_resources={rollout_nodes:1}",
+    "placement.learner_resources={learner_nodes:1}",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# Token authentication stays on (Ray's default for a new head); nodes joining it must be told
+# so, and find the token where the head left it (~/.ray/auth_token).
+AUTH = {**os.environ, "RAY_AUTH_MODE": "token"}
+
+
+def _ray(*args: str) -> None:
+    ray = Path(sys.executable).with_name("ray")
+    # the head's job supervisor waits this long after SIGTERM before SIGKILL (default 3 s):
+    # time for the run to checkpoint when it is stopped
+    env = {**AUTH, "RAY_JOB_STOP_WAIT_TIME_S": "120"}
+    result = subprocess.run([str(ray), *args], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+class LoopbackCluster:
+    """Three Ray nodes on this machine, each with its own temp dir (nodes sharing one would
+    unpack a job's working directory over each other)."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="rlsys-mn-", dir="/tmp"))  # short: socket paths
+        self.gcs = f"127.0.0.1:{_free_port()}"
+        self.dashboard = f"http://127.0.0.1:{_free_port()}"
+        self.nodes: dict[str, str] = {}
+
+    def start(self) -> None:
+        common = ["--num-cpus=1", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
+        _ray(
+            "start",
+            "--head",
+            f"--port={self.gcs.split(':')[1]}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
+            f"--dashboard-agent-listen-port={_free_port()}",  # not the default: it may be taken
+            f"--temp-dir={self.root / 'head'}",
+            *common,
+        )
+        for group in ("learner_nodes", "rollout_nodes"):
+            _ray(
+                "start",
+                f"--address={self.gcs}",
+                f"--resources={json.dumps({group: 1})}",
+                f"--temp-dir={self.root / group}",
+                "--dashboard-agent-listen-port=0",
+                f"--metrics-export-port={_free_port()}",
+                *common,
+            )
+        self.nodes = self._wait_for_nodes(3)
+
+    def _wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> dict[str, str]:
+        """Custom resource -> node id, once ``count`` nodes are alive."""
+        probe = (
+            f"import json, ray; ray.init(address={self.gcs!r}, logging_level='ERROR'); "
+            "print(json.dumps([[n['NodeID'], n['Resources']] for n in ray.nodes() "
+            "if n['Alive']]))"
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = subprocess.run(
+                [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=AUTH
+            )
+            nodes = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
+            if len(nodes) >= count or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert len(nodes) == count, out.stderr[-2000:]
+        groups = {}
+        for node_id, resources in nodes:
+            for name in ("learner_nodes", "rollout_nodes"):
+                if name in resources:
+                    groups[name] = node_id
+        return groups
+
+    def stop(self) -> None:
+        """Stop this cluster's processes and their children (agents rename themselves, so
+        only their parents carry the temp dir); ``ray stop`` would stop every Ray here."""
+        import psutil
+
+        procs = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if str(self.root) in " ".join(proc.info["cmdline"] or []):
+                procs.append(proc)
+                with contextlib.suppress(psutil.Error):
+                    procs.extend(proc.children(recursive=True))
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(procs, timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    started = LoopbackCluster()
+    try:
+        started.start()
+        yield started
+    finally:
+        started.stop()
+
+
+def _rlsys(*args: str, env: dict | None = None, timeout: float = 600):
+    return subprocess.run(
+        [sys.executable, "-m", "rlsys.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**AUTH, **(env or {})},
+    )
+
+
+def test_submitted_run_places_each_pool_on_its_node_group(cluster, tmp_path):
+    result = _rlsys(
+        "submit",
+        "launcher=ray_job",
+        f"cluster.address={cluster.dashboard}",
+        f"run.output_dir={tmp_path}",
+        "run.name=pinned",
+        "trainer.total_steps=2",
+        *RUN,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "submitted Ray job" in result.stdout and "SUCCEEDED" in result.stdout
+    # the job ran the uploaded checkout, with cluster.address replaced by auto
+    assert "python -m rlsys.cli train" in result.stdout
+    assert "cluster.address=auto" in result.stdout
+    summary = json.loads((tmp_path / "pinned" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["accounting"]["balanced"]
+    assert summary["nodes"]["rollout"] == [cluster.nodes["rollout_nodes"]]
+    assert summary["nodes"]["learner"] == [cluster.nodes["learner_nodes"]]
+
+    job_id = result.stdout.split("submitted Ray job ", 1)[1].split()[0]
+    status = _rlsys("status", job_id, "launcher=ray_job", f"cluster.address={cluster.dashboard}")
+    assert status.returncode == 0 and f"{job_id}: SUCCEEDED" in status.stdout
+    # token authentication is on and honoured: a wrong token is refused
+    refused = _rlsys(
+        "status",
+        job_id,
+        "launcher=ray_job",
+        f"cluster.address={cluster.dashboard}",
+        env={"RAY_AUTH_TOKEN": "not-the-token"},
+    )
+    assert refused.returncode == 2 and "token" in refused.stderr.lower(), refused.stderr
+
+
+def test_stop_ends_a_running_job(cluster, tmp_path):
+    common = ["launcher=ray_job", f"cluster.address={cluster.dashboard}"]
+    result = _rlsys(
+        "submit",
+        *common,
+        "launcher.ray_job.follow=false",
+        f"run.output_dir={tmp_path}",
+        "run.name=stopped",
+        "trainer.total_steps=200",
+        "checkpoint.every=0",  # only the stop makes one
+        *RUN,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    job_id = result.stdout.split("submitted Ray job ", 1)[1].split()[0]
+    metrics = tmp_path / "stopped" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and '"step": 1' in metrics.read_text()):
+        assert time.monotonic() < deadline, "the job never trained a step"
+        time.sleep(1)
+    assert "RUNNING" in _rlsys("status", job_id, *common).stdout
+    stopped = _rlsys("stop", job_id, *common)
+    assert stopped.returncode == 0 and "stop requested" in stopped.stdout
+    deadline = time.monotonic() + 120
+    while f"{job_id}: STOPPED" not in _rlsys("status", job_id, *common).stdout:
+        assert time.monotonic() < deadline, "the job did not stop"
+        time.sleep(2)
+    # the run got SIGTERM, finished its step and checkpointed before it ended
+    summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
+    assert summary["preempted"] and summary["steps"] < 200
+    assert (Path(summary["last_checkpoint"]) / "manifest.json").exists()
