@@ -21,7 +21,7 @@ def test_async_run_with_partial_rollouts(engine, run_controller):
             "rollout.partial_rollouts=true",
             "rollout.prompts_per_request=2",  # many short requests: updates land mid-request
             "rollout.stop_token_ids=[]",
-            "task.max_new_tokens=24",  # the untrained model rarely stops: long replies
+            "task.max_new_tokens=64",  # the untrained model rarely stops: requests outlast a step
             "trainer.total_steps=6",
             "data.batch_size=4",
             "rollout.n_samples=4",
