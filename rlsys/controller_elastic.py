@@ -36,14 +36,16 @@ class Elastic:
             return
         current = len(self.pipeline.rollouts)
         if self._rollout_target > current:
-            self._grow(self._rollout_target - current, step)
+            self._grow(current, step)
         elif self._rollout_target < current:
             retiring = self.pipeline.retire_rollouts(current - self._rollout_target)
             self._record_scale(step, current, self._rollout_target)
             log.info("rollout pool: retiring workers %s after their current requests", retiring)
 
-    def _grow(self, count: int, step: int) -> None:
-        current = len(self.pipeline.rollouts)
+    def _grow(self, current: int, step: int) -> None:
+        """From ``current`` workers to the target: start the engines, then, with the learner
+        idle and the loops held, give them the sync group and the current weights."""
+        count = self._rollout_target - current
         timeout_s = self.cfg.rollout.elastic.start_timeout_s
         with self._weights_lock:  # the learner is idle: the engines hold self.version
             try:

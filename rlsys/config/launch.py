@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlsys.config.checks import one_of, positive
-from rlsys.config.errors import ConfigError
+from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.kuberay import KubeRayConfig
 from rlsys.config.slurm import SlurmConfig
 
@@ -40,10 +39,7 @@ class RayJobConfig:
     entrypoint_num_cpus: float = 0.0  # CPUs reserved for the driver (the controller)
 
     def __post_init__(self) -> None:
-        if self.entrypoint_num_cpus < 0:
-            raise ConfigError(
-                f"launcher.ray_job.entrypoint_num_cpus={self.entrypoint_num_cpus} must be >= 0"
-            )
+        non_negative("launcher.ray_job.entrypoint_num_cpus", self.entrypoint_num_cpus)
 
 
 @dataclass

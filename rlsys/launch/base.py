@@ -26,17 +26,22 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def job_overrides(overrides: Sequence[str]) -> list[str]:
-    """The overrides the job's ``rlsys train`` gets: the user's, less the launcher's own keys
-    and ``cluster.address`` (the job joins its cluster with ``cluster.address=auto``)."""
-    kept = [
+def run_overrides(overrides: Sequence[str]) -> list[str]:
+    """The user's overrides less the launcher's own keys and ``cluster.address``: what
+    describes the run wherever it goes."""
+    return [
         o
         for o in overrides
         if not any(
             override_key(o) == k or override_key(o).startswith(k + ".") for k in _SUBMIT_ONLY
         )
     ]
-    return [*kept, "cluster.address=auto"]
+
+
+def job_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides a cluster job's ``rlsys train`` gets: the run's, joining the cluster it
+    runs on with ``cluster.address=auto``."""
+    return [*run_overrides(overrides), "cluster.address=auto"]
 
 
 def train_command(overrides: Sequence[str]) -> list[str]:

@@ -9,7 +9,7 @@ import sys
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import ClusterConfig, TrainConfig
-from rlsys.launch.base import LAUNCHERS, LaunchError, job_overrides, shell_join
+from rlsys.launch.base import LAUNCHERS, LaunchError, run_overrides, shell_join
 from rlsys.placement import Roles, check_fits, custom_resources_needed, wants_gpus
 
 
@@ -82,7 +82,7 @@ class LocalLauncher:
     foreground, with the same overrides."""
 
     def submit(self, cfg: TrainConfig, overrides: list[str], dry_run: bool) -> int:
-        argv = ["rlsys", "train", *job_overrides(overrides)[:-1]]  # no cluster.address=auto
+        argv = ["rlsys", "train", *run_overrides(overrides)]
         if dry_run:
             print(shell_join(argv))
             return 0

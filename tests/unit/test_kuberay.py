@@ -110,6 +110,13 @@ def base() -> TrainConfig:
     return load_config(["launcher=kuberay"])
 
 
+# the head container's resource limits in a rendered RayJob
+HEAD_LIMITS = [
+    *("spec", "rayClusterSpec", "headGroupSpec", "template", "spec", "containers", 0),
+    *("resources", "limits"),
+]
+
+
 def configured(base: TrainConfig, changes: dict) -> TrainConfig:
     """A copy of ``base`` with dotted keys set: the renderer is a function of the config."""
     cfg = copy.deepcopy(base)
@@ -227,34 +234,12 @@ def test_hydra_overrides_give_the_same_manifests(base):
         (["metadata", "nmae"], "x", "unknown field"),
         # a quantity is an integer or a string, and a string must parse as one
         (
-            [
-                "spec",
-                "rayClusterSpec",
-                "headGroupSpec",
-                "template",
-                "spec",
-                "containers",
-                0,
-                "resources",
-                "limits",
-                "cpu",
-            ],
+            [*HEAD_LIMITS, "cpu"],
             0.5,
             "must be an integer or a string",
         ),
         (
-            [
-                "spec",
-                "rayClusterSpec",
-                "headGroupSpec",
-                "template",
-                "spec",
-                "containers",
-                0,
-                "resources",
-                "limits",
-                "memory",
-            ],
+            [*HEAD_LIMITS, "memory"],
             "8 GB",
             "does not match",
         ),
