@@ -25,7 +25,7 @@ log = logging.getLogger("rlsys")
 
 
 def _collector(cfg: TrainConfig, pools, tokenizer) -> RolloutCollector:
-    return RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
+    return RolloutCollector.for_task(pools.generate, tokenizer, cfg.task, cfg.reward)
 
 
 def _sft_to(
@@ -125,7 +125,7 @@ def _on_sigterm(event: threading.Event):
 
 def _screened_task(cfg: TrainConfig, tokenizer) -> TaskSplits:
     """The task's splits without prompts too long to use; logs what was left out."""
-    collector = RolloutCollector.for_task(None, tokenizer, cfg.task)
+    collector = RolloutCollector.for_task(None, tokenizer, cfg.task, cfg.reward)
     task = load_task(cfg.task, cfg.run.seed).screen_prompts(collector.encode)
     info = task.summary()
     log.info(
@@ -275,7 +275,10 @@ def evaluate(cfg: TrainConfig) -> dict:
         path, cfg.rollout.dtype or cfg.model.dtype, cfg.rollout
     )
     collector = RolloutCollector.for_task(
-        lambda prompts, sampling, seed: engine.generate(prompts, sampling), tokenizer, cfg.task
+        lambda prompts, sampling, seed, budgets: engine.generate(prompts, sampling, budgets),
+        tokenizer,
+        cfg.task,
+        cfg.reward,
     )
     result = collector.evaluate(
         task.eval[: cfg.eval.num_prompts], cfg.eval.max_new_tokens or task.max_new_tokens

@@ -9,12 +9,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlsys.config.errors import ConfigError
+from rlsys.config.reward import RewardConfig
 from rlsys.config.schema import TaskConfig
-from rlsys.rewards import REWARDS, RewardFn, score
+from rlsys.envs import ENVS, EpisodeRunner
+from rlsys.rewards.scorer import RewardScorer
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
 log = logging.getLogger(__name__)
-GenerateFn = Callable[[list[list[int]], SamplingParams, int | None], list[list[Completion]]]
+# (prompt ids, sampling, seed, per-prompt token budgets) -> completions per prompt
+GenerateFn = Callable[
+    [list[list[int]], SamplingParams, int | None, list[int] | None], list[list[Completion]]
+]
 
 
 @dataclass
@@ -61,34 +66,52 @@ class PromptFormat:
 
 
 class RolloutCollector:
-    """Tokenises prompts, generates with ``generate`` and scores every completion."""
+    """Tokenises prompts, generates with ``generate`` (through the task's environment when it
+    is multi-turn) and scores every completion with ``scorer``."""
 
     def __init__(
         self,
-        generate: GenerateFn,
+        generate: GenerateFn | None,
         tokenizer,
-        reward_fn: RewardFn,
+        scorer,
         max_prompt_tokens: int,
         prompt_format: PromptFormat | None = None,
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         self.generate_fn = generate
         self.tokenizer = tokenizer
-        self.reward_fn = reward_fn
+        self.scorer = scorer  # .score([(prompt, completion, metadata)]) -> [RewardOutcome]
         self.max_prompt_tokens = max_prompt_tokens
         self.prompt_format = prompt_format or PromptFormat()
         self.prompt_format.check(tokenizer)
+        self.episodes = episodes
         self.reward_errors = 0
         self.skipped_prompts = 0
 
     @classmethod
-    def for_task(cls, generate: GenerateFn, tokenizer, cfg: TaskConfig) -> RolloutCollector:
-        """A collector with the reward, prompt length bound and prompt format of ``cfg``."""
+    def for_task(
+        cls,
+        generate: GenerateFn | None,
+        tokenizer,
+        cfg: TaskConfig,
+        reward: RewardConfig | None = None,
+        scorer=None,
+    ) -> RolloutCollector:
+        """A collector with the prompt length bound, prompt format and environment of
+        ``cfg``, scoring with ``scorer`` (default: the rule-based rewards of ``reward``, in
+        this process)."""
+        if scorer is None:
+            scorer = RewardScorer.from_config(cfg.reward, reward or RewardConfig())
+        episodes = None
+        if cfg.env.name is not None:
+            episodes = EpisodeRunner(ENVS.get(cfg.env.name)(), tokenizer, cfg.env)
         return cls(
             generate,
             tokenizer,
-            REWARDS.get(cfg.reward),
+            scorer,
             cfg.max_prompt_tokens,
             PromptFormat.from_task(cfg),
+            episodes,
         )
 
     def encode(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]]]:
@@ -115,7 +138,30 @@ class RolloutCollector:
         prompts, prompt_ids = self.encode(prompts)
         if not prompts:
             return []
-        return self.build_groups(prompts, prompt_ids, self.generate_fn(prompt_ids, sampling, seed))
+        if self.episodes is not None:
+            completions = self.episodes.run(
+                prompts,
+                prompt_ids,
+                sampling,
+                lambda ids, params, budgets: self.generate_fn(ids, params, seed, budgets),
+            )
+        else:
+            completions = self.generate_fn(prompt_ids, sampling, seed, None)
+        return self.build_groups(prompts, prompt_ids, completions)
+
+    def demonstration(self, prompt: Prompt) -> tuple[list[int], list[int]]:
+        """SFT target of ``prompt``: response token ids (ending in EOS) and their loss mask
+        (0 on environment tokens of a multi-turn demonstration)."""
+        eos = self.tokenizer.eos_token_id
+        if self.episodes is None:
+            ids = self.tokenizer.encode(prompt.answer, add_special_tokens=False) + [eos]
+            return ids, [1] * len(ids)
+        ids, mask = [], []
+        for text, trained in self.episodes.factory.demonstration(prompt):
+            part = self.tokenizer.encode(text, add_special_tokens=False)
+            ids += part
+            mask += [int(trained)] * len(part)
+        return ids + [eos], mask + [1]
 
     def build_groups(
         self,
@@ -144,20 +190,22 @@ class RolloutCollector:
         ]
 
     def score(self, groups: list[RolloutGroup]) -> None:
-        """Fill in every sample's reward; a failing reward function scores 0 and is counted."""
-        for group in groups:
-            metadata = {**group.prompt.meta, "answer": group.prompt.answer}
-            for sample in group.samples:
-                outcome = score(self.reward_fn, group.prompt.text, sample.text, metadata)
-                if outcome.error is not None:
-                    if not self.reward_errors:
-                        log.warning(
-                            "reward function failed (scored 0, counted in "
-                            "rollout/reward_errors; later failures are not logged): %s",
-                            outcome.error,
-                        )
-                    self.reward_errors += 1
-                sample.reward, sample.correct = outcome.reward, outcome.correct
+        """Fill in every sample's reward; a failing reward scores 0 and is counted."""
+        samples = [(g.prompt, s) for g in groups for s in g.samples]
+        if not samples:
+            return
+        outcomes = self.scorer.score([_item(p, s) for p, s in samples])
+        for (_, sample), outcome in zip(samples, outcomes, strict=True):
+            if outcome.error is not None:
+                if not self.reward_errors:
+                    log.warning(
+                        "a reward failed (scored 0, counted in rollout/reward_errors; later "
+                        "failures are not logged): %s",
+                        outcome.error,
+                    )
+                self.reward_errors += max(1, outcome.errors)
+            sample.reward, sample.correct = outcome.reward, outcome.correct
+            sample.reward_components = outcome.components
 
     def collect(
         self, prompts: list[Prompt], sampling: SamplingParams, seed: int | None = None
@@ -181,3 +229,14 @@ class RolloutCollector:
             else 0.0,
             num_prompts=len(samples),
         )
+
+
+def _item(prompt: Prompt, sample: Sample) -> tuple[str, str, dict]:
+    """What a reward sees: the prompt text, the completion text (multi-turn: the whole
+    transcript) and the prompt's metadata with the answer (and the environment's reward,
+    verdict and turn count)."""
+    metadata = {**prompt.meta, "answer": prompt.answer}
+    episode = sample.completion.episode
+    if episode is not None:
+        metadata.update(env_reward=episode.reward, env_correct=episode.correct, turns=episode.turns)
+    return prompt.text, sample.text, metadata

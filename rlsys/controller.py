@@ -59,7 +59,7 @@ from rlsys.faults import Restarts, nonfinite_streak
 from rlsys.pipeline import Pipeline
 from rlsys.pools import Pools
 from rlsys.tracking import Tracker
-from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
+from rlsys.types import RolloutGroup, Sample, SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,17 @@ class Controller(Recoverable, Elastic):
             raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
         if algo.uses_reference and pools.reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
-        self.collector = RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
-        self.recipe = Recipe(algo, cfg.rollout.n_samples, task.max_new_tokens)
+        self.collector = RolloutCollector.for_task(
+            pools.generate, tokenizer, cfg.task, cfg.reward, pools.scorer
+        )
+        episodes = self.collector.episodes
+        self.recipe = Recipe(
+            algo,
+            cfg.rollout.n_samples,
+            task.max_new_tokens
+            if episodes is None
+            else episodes.total_tokens(task.max_new_tokens),  # a trajectory's bound
+        )
         self.sampling = SamplingParams(
             n=cfg.rollout.n_samples,
             temperature=cfg.rollout.temperature,
@@ -172,6 +181,7 @@ class Controller(Recoverable, Elastic):
             reference=self._reference_logprobs if self.pools.reference is not None else None,
             pad_id=self.pad_id,
             replace_worker=self._replace_rollout_worker,
+            episodes=self.collector.episodes,
         )
         self.totals = RunTotals()
         self._drawn = 0  # prompts drawn by the end of the previous step
@@ -458,6 +468,8 @@ class Controller(Recoverable, Elastic):
                     "rollout/stop_frac": float(
                         np.mean([s.completion.finish_reason == "stop" for s in samples])
                     ),
+                    **reward_component_metrics(samples),
+                    **episode_metrics(samples),
                 }
             )
         return out
@@ -561,3 +573,30 @@ def save_final_policy(pools: Pools, run_dir: Path) -> Path:
     path = run_dir / "checkpoints" / "final"
     pools.learner.save_hf(str(path))
     return path
+
+
+def reward_component_metrics(samples: list[Sample]) -> dict[str, float]:
+    """``reward/<name>``: the mean unweighted value of every reward component."""
+    names = {name for s in samples for name in s.reward_components}
+    return {
+        f"reward/{name}": float(np.mean([s.reward_components.get(name, 0.0) for s in samples]))
+        for name in sorted(names)
+    }
+
+
+def episode_metrics(samples: list[Sample]) -> dict[str, float]:
+    """``env/*``: turns, tool calls and errors, truncation and the environment's reward per
+    trajectory (multi-turn tasks only)."""
+    episodes = [s.completion.episode for s in samples if s.completion.episode is not None]
+    if not episodes:
+        return {}
+    trained = sum(sum(s.completion.trained()) for s in samples)
+    total = sum(len(s.completion.token_ids) for s in samples)
+    return {
+        "env/turns": float(np.mean([e.turns for e in episodes])),
+        "env/tool_calls": float(np.mean([e.tool_calls for e in episodes])),
+        "env/tool_errors": float(np.mean([e.tool_errors for e in episodes])),
+        "env/truncated_frac": float(np.mean([e.truncated for e in episodes])),
+        "env/reward": float(np.mean([e.reward for e in episodes])),
+        "env/model_token_frac": trained / total if total else 0.0,
+    }

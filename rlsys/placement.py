@@ -54,11 +54,12 @@ class Roles:
 
     reference: bool = False  # a frozen reference policy (KL terms)
     critic: bool = False  # a value model (PPO's GAE)
+    rewards: bool = False  # reward workers and reward models, when ``reward.*`` asks
 
     @classmethod
     def for_rl(cls, cfg: TrainConfig) -> Roles:
         """The pools ``cfg``'s algorithm needs (SFT uses ``Roles()``: none)."""
-        return cls(cfg.algorithm.uses_reference, cfg.algorithm.uses_critic)
+        return cls(cfg.algorithm.uses_reference, cfg.algorithm.uses_critic, True)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Placement:
     rollout: ActorResources
     reference: ActorResources | None
     critic: ActorResources | None
+    reward: ActorResources | None = None  # one reward worker (reward.num_workers > 0)
+    reward_model: ActorResources | None = None  # one reward model (reward.model.paths)
 
 
 def thread_env(threads: int) -> dict:
@@ -127,6 +130,28 @@ def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
                 "critic.num_cpus_per_rank",
                 cfg.placement.learner_resources,
                 "placement.learner_resources",
+            )
+        )
+    if roles.rewards and cfg.reward.num_workers:
+        pools.append(
+            PoolSpec(
+                "reward",
+                cfg.reward.num_workers,
+                cfg.reward.num_cpus_per_worker,
+                0.0,
+                "reward.num_workers",
+                "reward.num_cpus_per_worker",
+            )
+        )
+    if roles.rewards and cfg.reward.model.paths:
+        pools.append(
+            PoolSpec(
+                "reward_model",
+                len(cfg.reward.model.paths),
+                cfg.reward.model.num_cpus,
+                cfg.reward.model.num_gpus,
+                "reward.model.paths (one actor each)",
+                "reward.model.num_cpus",
             )
         )
     return pools
@@ -211,4 +236,6 @@ def plan_placement(cfg: TrainConfig, roles: Roles) -> Placement:
         rollout=resources(pools["rollout"]),
         reference=resources(pools["reference"]) if roles.reference else None,
         critic=resources(pools["critic"]) if roles.critic else None,
+        reward=resources(pools["reward"]) if "reward" in pools else None,
+        reward_model=resources(pools["reward_model"]) if "reward_model" in pools else None,
     )

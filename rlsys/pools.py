@@ -10,6 +10,7 @@ import ray
 
 from rlsys.config.schema import TrainConfig
 from rlsys.placement import Roles, plan_placement
+from rlsys.rewards.service import RewardService
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync import TRANSPORTS, SendResult, WeightTransport, WeightUpdate
 from rlsys.workers.calls import get_all
@@ -31,6 +32,7 @@ class Pools:
     # Start a fresh policy / critic learner group (for recovery after a rank died).
     respawn_learner: Callable[[], LearnerGroup] | None = None
     respawn_critic: Callable[[], LearnerGroup] | None = None
+    scorer: RewardService | None = None  # None: the collector scores in this process
 
     def sync_weights(self, version: int) -> SendResult:
         """Send the learner's weights as ``version`` and load them into every engine.
@@ -80,13 +82,19 @@ class Pools:
         return nodes
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        seed: int | None = None,
+        budgets: list[int] | None = None,
     ) -> list[list[Completion]]:
-        return self.rollout.generate(prompts, sampling, seed)
+        return self.rollout.generate(prompts, sampling, seed, budgets)
 
     def shutdown(self) -> None:
         """Stop every actor; a failure in one pool does not leave the others running."""
         stops = [self.rollout.shutdown, self.learner.shutdown]
+        if self.scorer is not None:
+            stops.append(self.scorer.shutdown)
         if self.critic is not None:
             stops.append(self.critic.shutdown)
         if self.reference is not None:
@@ -152,6 +160,16 @@ def start_pools(
             )
             started.append(lambda: ray.kill(reference))
             ray.get(reference.ready.remote())
+        scorer = None
+        if roles.rewards:
+            scorer = RewardService(
+                cfg.task.reward,
+                cfg.reward,
+                placement.reward,
+                cfg.task.chat_template,
+                placement.reward_model,
+            )
+            started.append(scorer.shutdown)
         pools = Pools(
             learner,
             rollout,
@@ -161,6 +179,7 @@ def start_pools(
             critic,
             respawn_learner,
             respawn_critic if roles.critic else None,
+            scorer,
         )
         pools.connect_weight_sync()
     except Exception:

@@ -41,17 +41,23 @@ def run_sft(
     seed: int,
     tracker: Tracker | None = None,
 ) -> SFTResult:
-    """Train on (prompt, answer + EOS) pairs until ``cfg.target_accuracy`` or ``cfg.max_steps``."""
+    """Train on (prompt, answer + EOS) pairs (multi-turn tasks: the environment's
+    demonstrations, its observations masked out) until ``cfg.target_accuracy`` or
+    ``cfg.max_steps``."""
     pools.learner.set_lr(cfg.lr)
     sampler = PromptSampler(task.train, cfg.batch_size, shuffle=True, seed=seed)
     eval_prompts = task.eval[: cfg.eval_prompts]
-    eos = [tokenizer.eos_token_id]
     started = time.perf_counter()
     accuracy, step = 0.0, 0
     for step in range(1, cfg.max_steps + 1):
         prompts, prompt_ids = collector.encode(sampler.next_batch())
-        answers = [tokenizer.encode(p.answer, add_special_tokens=False) + eos for p in prompts]
-        batch = pack(prompt_ids, answers, tokenizer.pad_token_id)
+        targets = [collector.demonstration(p) for p in prompts]  # (ids, loss mask) each
+        batch = pack(
+            prompt_ids,
+            [ids for ids, _ in targets],
+            tokenizer.pad_token_id,
+            response_masks=[mask for _, mask in targets],
+        )
         metrics = {
             f"sft/{k}": v
             for k, v in pools.learner.train_step(

@@ -36,8 +36,21 @@ class SamplingParams:
 
 
 @dataclass
+class Episode:
+    """What a multi-turn environment reported over one trajectory (``rlsys.envs``)."""
+
+    reward: float = 0.0  # turn-level rewards summed with the trajectory-level one
+    correct: bool = False  # the environment's verdict (e.g. the final answer was right)
+    turns: int = 0  # model turns taken
+    tool_calls: int = 0  # well-formed tool calls answered
+    tool_errors: int = 0  # malformed calls or tools that failed
+    truncated: bool = False  # ended by rollout.env.max_turns or max_total_tokens
+
+
+@dataclass
 class Completion:
-    """One generated response, as the engine produced it."""
+    """One generated response, as the engine produced it (multi-turn: the whole trajectory,
+    the model's turns with the environment's observations between them)."""
 
     token_ids: list[int]  # (R,) generated tokens, including a final EOS if one was produced
     logprobs: list[float]  # (R,) behaviour log pi(token | prefix) at the sampling temperature
@@ -46,6 +59,10 @@ class Completion:
     # (R,) version per token when a partial rollout was continued under newer weights;
     # None when every token came from ``version``
     token_versions: list[int] | None = None
+    # (R,) 1 on tokens the model generated, 0 on environment tokens (observations, tool
+    # results), which are left out of the loss; None when every token is the model's
+    mask: list[int] | None = None
+    episode: Episode | None = None  # multi-turn only
 
     def versions(self) -> list[int]:
         """(R,) the policy version of every token."""
@@ -53,15 +70,23 @@ class Completion:
             return self.token_versions
         return [self.version] * len(self.token_ids)
 
+    def trained(self) -> list[int]:
+        """(R,) 1 on every token the loss covers (the model's own)."""
+        return self.mask if self.mask is not None else [1] * len(self.token_ids)
+
     def continued(self, more: Completion) -> Completion:
         """This (aborted) completion followed by ``more``, generated from its end: tokens,
-        logprobs and per-token versions concatenated, ``more``'s finish reason."""
+        logprobs, per-token versions and masks concatenated, ``more``'s finish reason."""
+        mask = None
+        if self.mask is not None or more.mask is not None:
+            mask = self.trained() + more.trained()
         return Completion(
             self.token_ids + more.token_ids,
             self.logprobs + more.logprobs,
             more.finish_reason,
             min(self.version, more.version) if self.token_ids else more.version,
             self.versions() + more.versions(),
+            mask,
         )
 
 
@@ -76,6 +101,7 @@ class Sample:
     reward: float = 0.0
     correct: bool = False  # what the verifier says, independent of reward shaping
     ref_logprobs: np.ndarray | None = None  # (R,) reference policy, when a KL term needs it
+    reward_components: dict[str, float] = field(default_factory=dict)  # name -> unweighted
 
 
 @dataclass

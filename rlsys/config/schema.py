@@ -14,10 +14,12 @@ from rlsys.algorithms import names
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.elastic import ElasticConfig
+from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.launch import LauncherConfig
 from rlsys.config.learner import CriticConfig, LearnerConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
+from rlsys.config.reward import RewardConfig
 
 
 @dataclass
@@ -90,9 +92,10 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    """The verifiable task: a built-in arithmetic family or a jsonl/parquet dataset."""
+    """The verifiable task: a built-in arithmetic family, a jsonl/parquet dataset, or the
+    prompts of a built-in environment (word_problems, guess_number; see ``task.env``)."""
 
-    name: str = "arithmetic"  # "arithmetic" or "file"
+    name: str = "arithmetic"  # arithmetic | file | word_problems | guess_number
     reward: str = "exact_match"  # reward function from the rewards registry
     # Arithmetic difficulty knobs.
     digits: int = 2  # operands have 1..digits digits
@@ -116,9 +119,10 @@ class TaskConfig:
     instruction: str | None = None  # appended to every prompt, e.g. how to give the answer
     chat_template: bool = False  # send the prompt as a user turn of the tokenizer's template
     system_prompt: str | None = None  # chat only: the system turn (null: the template's own)
+    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn environment (null: none)
 
     def __post_init__(self) -> None:
-        one_of("task.name", self.name, ("arithmetic", "file"))
+        one_of("task.name", self.name, ("arithmetic", "file", "word_problems", "guess_number"))
         one_of("task.style", self.style, ("compact", "question"))
         if self.style != "compact" and self.reverse_answer:
             raise ConfigError(
@@ -145,6 +149,11 @@ class TaskConfig:
             raise ConfigError(
                 f"task.operators={list(self.operators)} must be a non-empty subset of "
                 "['+', '-', '*']"
+            )
+        if self.reward == "env" and self.env.name is None:
+            raise ConfigError(
+                "task.reward=env scores with the environment's reward, but task.env.name is "
+                "null; set task.env.name (calculator | guess_number) or another task.reward"
             )
         if self.name == "file" and not self.train_path:
             raise ConfigError("task.name=file needs task.train_path=<file.jsonl|file.parquet>")
@@ -421,6 +430,7 @@ class TrainConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)  # `rlsys submit` only

@@ -14,10 +14,12 @@ def pack(
     response_ids: Sequence[Sequence[int]],
     pad_id: int,
     response_logprobs: Sequence[Sequence[float]] | None = None,
+    response_masks: Sequence[Sequence[int] | None] | None = None,
 ) -> TrainBatch:
     """Left-pad prompts and right-pad responses to one (B, T) layout.
 
-    The loss mask covers exactly the response tokens; behaviour logprobs (if given) land on
+    The loss mask covers exactly the response tokens (times ``response_masks[i]`` where given:
+    0 on environment tokens of a multi-turn trajectory); behaviour logprobs (if given) land on
     the same positions, so entry t of every (B, T-1) array scores ``input_ids[:, t + 1]``.
     """
     batch = len(prompt_ids)
@@ -34,7 +36,8 @@ def pack(
         input_ids[i, p_len : p_len + len(response)] = response
         attention[i, start : p_len + len(response)] = 1
         # Target index t+1 = p_len + j  ->  logprob index p_len - 1 + j.
-        loss_mask[i, p_len - 1 : p_len - 1 + len(response)] = 1.0
+        masks = response_masks[i] if response_masks is not None else None
+        loss_mask[i, p_len - 1 : p_len - 1 + len(response)] = 1.0 if masks is None else masks
         if response_logprobs is not None:
             behaviour[i, p_len - 1 : p_len - 1 + len(response)] = response_logprobs[i]
     return TrainBatch(input_ids, attention, loss_mask, behaviour)
@@ -48,6 +51,7 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
         [s.completion.token_ids for s in samples],
         pad_id,
         [s.completion.logprobs for s in samples],
+        [s.completion.mask for s in samples],
     )
     batch.rewards = np.array([s.reward for s in samples], dtype=np.float32)
     batch.versions = np.array([s.completion.version for s in samples], dtype=np.int64)

@@ -179,6 +179,18 @@ def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     return TaskSplits(train, evals, cfg.max_new_tokens or 256, skipped)
 
 
+def synthetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """Word problems or guessing games for the built-in environments."""
+    from rlsys.data.word_problems import guess_games, word_problems
+
+    train, evals = (word_problems if cfg.name == "word_problems" else guess_games)(cfg, seed)
+    return TaskSplits(train, evals, cfg.max_new_tokens or QUESTION_MAX_NEW_TOKENS)
+
+
 def load_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     """The task named by ``task.name``."""
-    return arithmetic_task(cfg, seed) if cfg.name == "arithmetic" else file_task(cfg, seed)
+    if cfg.name == "arithmetic":
+        return arithmetic_task(cfg, seed)
+    if cfg.name == "file":
+        return file_task(cfg, seed)
+    return synthetic_task(cfg, seed)

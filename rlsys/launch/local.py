@@ -28,15 +28,26 @@ def _local_gpus(cluster: ClusterConfig) -> int:
 
 
 def preflight(cfg: TrainConfig, roles: Roles) -> None:
-    """Checks that need the registries or the machine, before anything starts: the reward
-    function exists and, for a local Ray, the pools fit this machine."""
+    """Checks that need the registries or the machine, before anything starts: the rewards
+    exist and build (a user reward file imports, code rewards can be sandboxed here), the
+    environment exists and, for a local Ray, the pools fit this machine."""
+    from rlsys.envs import ENVS
     from rlsys.rewards import REWARDS
+    from rlsys.rewards.scorer import components_from_config
 
-    if cfg.task.reward not in REWARDS.names():
+    for key, name in [("task.reward", cfg.task.reward)] + [
+        (f"reward.extra.{n}", n) for n in cfg.reward.extra
+    ]:
+        if name not in REWARDS.names():
+            raise ConfigError(
+                f"{key}={name!r} is not a known reward function; use one of {REWARDS.names()}"
+            )
+    if cfg.task.env.name is not None and cfg.task.env.name not in ENVS.names():
         raise ConfigError(
-            f"task.reward={cfg.task.reward!r} is not a known reward function; "
-            f"use one of {REWARDS.names()}"
+            f"task.env.name={cfg.task.env.name!r} is not a known environment; use one of "
+            f"{ENVS.names()}"
         )
+    components_from_config(cfg.task.reward, cfg.reward)
     if cfg.cluster.address is not None:
         return
     cpus = cfg.cluster.num_cpus or os.cpu_count() or 1

@@ -32,6 +32,12 @@ def build_char_tokenizer():
     )
 
 
+def is_char_tokenizer(tokenizer) -> bool:
+    """Whether ``tokenizer`` has exactly the built-in char tokenizer's vocabulary."""
+    vocab = tokenizer.get_vocab()
+    return len(vocab) == len(_ALPHABET) + 3 and vocab == build_char_tokenizer().get_vocab()
+
+
 def build_tiny_model(cfg: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, seed: int):
     """A randomly initialised Qwen2 decoder with the architecture in ``cfg``."""
     import torch
@@ -80,4 +86,37 @@ def builtin_dir(cfg: ModelConfig, seed: int = 0) -> Path:
             )
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+    return target
+
+
+def build_tiny_reward_model(
+    out_dir: str | Path, hidden_size: int = 64, num_layers: int = 1, seed: int = 0
+) -> Path:
+    """Save a randomly initialised Qwen2 reward model (one score per sequence) with the char
+    tokenizer as a Hugging Face directory at ``out_dir``; returns the directory."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    tokenizer = build_char_tokenizer()
+    # right padding: the scoring head reads the last token that is not the pad token
+    tokenizer.padding_side = "right"
+    num_heads = max(1, hidden_size // 32)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=1024,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForSequenceClassification(config)
+    target = Path(out_dir)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
     return target

@@ -4,7 +4,12 @@ hub id."""
 from __future__ import annotations
 
 from rlsys.config.schema import ModelConfig
-from rlsys.models.builtin import BUILTIN_PREFIX, builtin_dir
+from rlsys.models.builtin import (
+    BUILTIN_PREFIX,
+    build_char_tokenizer,
+    builtin_dir,
+    is_char_tokenizer,
+)
 from rlsys.models.gguf import GGUF_PREFIX, gguf_dir
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -25,6 +30,10 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if is_char_tokenizer(tokenizer):
+        # transformers loads a saved char tokenizer as the model type's tokenizer class
+        # (Qwen2's), whose byte-level pre-tokenizer drops spaces: rebuild the real one
+        tokenizer = build_char_tokenizer()
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

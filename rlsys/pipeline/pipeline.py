@@ -13,6 +13,7 @@ import numpy as np
 
 from rlsys.buffer import StreamingBuffer
 from rlsys.data.sampler import PromptSampler
+from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.feeder import PromptFeeder
 from rlsys.pipeline.gate import RolloutGate
 from rlsys.pipeline.rollout import BuildGroups, GenerateOn, ReplaceWorker, RolloutLoop
@@ -49,6 +50,7 @@ class Pipeline:
         reference: Callable[[TrainBatch], np.ndarray] | None = None,
         pad_id: int = 0,
         replace_worker: ReplaceWorker | None = None,
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         self.buffer = buffer
         self.gate = RolloutGate(abort, partial)
@@ -77,6 +79,7 @@ class Pipeline:
                 partial,
                 self.fail,
                 replace_worker,
+                episodes,
             )
 
         self._new_loop = new_loop

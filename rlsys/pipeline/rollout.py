@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 
 from rlsys.buffer import StreamingBuffer
+from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.feeder import Request
 from rlsys.pipeline.gate import RolloutGate
 from rlsys.pipeline.loop import Loop
@@ -38,7 +39,9 @@ class RolloutLoop(Loop):
     With ``partial`` rollouts, samples a weight update aborted are continued from their prefix
     under the new weights (each token keeps the version that produced it). Without, requests
     only end aborted when the run stops. ``greedy_baseline`` (ReMax) adds one greedy reply
-    per prompt. A generation call that fails is retried once ``replace_worker`` reports the
+    per prompt. With ``episodes`` (a multi-turn task) every sample is a trajectory: model
+    turns alternate with the environment's observations, one generation call per turn for
+    the trajectories still going. A generation call that fails is retried once ``replace_worker`` reports the
     worker replaced (a dead process restarted with the current weights); the request keeps
     its reservation, so its prompts are neither lost nor counted twice."""
 
@@ -57,6 +60,7 @@ class RolloutLoop(Loop):
         partial: bool,
         on_failure,
         replace_worker: ReplaceWorker | None = None,
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         super().__init__(on_failure)
         self.name = f"rollout-{worker}"
@@ -66,6 +70,7 @@ class RolloutLoop(Loop):
         self.sampling, self.seed = sampling, seed
         self.greedy_baseline, self.partial = greedy_baseline, partial
         self.replace_worker = replace_worker
+        self.episodes = episodes
         self.calls = 0  # generation calls made (each gets its own seed)
         self.continued = 0  # samples continued after an abort
         self.retiring = threading.Event()  # set: finish the current request, then end
@@ -100,17 +105,25 @@ class RolloutLoop(Loop):
         return None
 
     def _rollout(self, request: Request) -> list[RolloutGroup] | None:
-        completions = self._complete(request.prompt_ids, self.sampling)
+        completions = self._generate(request, self.sampling)
         if completions is None:
             return None
         baseline = None
         if self.greedy_baseline:
             greedy = dataclasses.replace(self.sampling, n=1, greedy=True)
-            replies = self._complete(request.prompt_ids, greedy)
+            replies = self._generate(request, greedy)
             if replies is None:
                 return None
             baseline = [r[0] for r in replies]
         return self.build_groups(request.prompts, request.prompt_ids, completions, baseline)
+
+    def _generate(
+        self, request: Request, sampling: SamplingParams
+    ) -> list[list[Completion]] | None:
+        """Finished completions (multi-turn: trajectories) per prompt of ``request``."""
+        if self.episodes is None:
+            return self._complete(request.prompt_ids, sampling, None)
+        return self.episodes.run(request.prompts, request.prompt_ids, sampling, self._complete)
 
     def _call(
         self, prompt_ids: list[list[int]], sampling: SamplingParams, budgets: list[int] | None
@@ -135,18 +148,22 @@ class RolloutLoop(Loop):
                 raise failure
 
     def _complete(
-        self, prompt_ids: list[list[int]], sampling: SamplingParams
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingParams,
+        budgets: list[int] | None = None,
     ) -> list[list[Completion]] | None:
-        """``sampling.n`` finished completions per prompt, continuing aborted ones (partial
-        rollouts); None if the run ends first."""
-        out = self._call(prompt_ids, sampling, None)
+        """``sampling.n`` finished completions per prompt (prompt i at most ``budgets[i]``
+        tokens), continuing aborted ones (partial rollouts); None if the run ends first."""
+        limits = budgets or [sampling.max_new_tokens] * len(prompt_ids)
+        out = self._call(prompt_ids, sampling, budgets)
         while out is not None:
             pending = []
             for i, group in enumerate(out):
                 for j, c in enumerate(group):
                     if c.finish_reason != "abort":
                         continue
-                    if len(c.token_ids) >= sampling.max_new_tokens:  # nothing left to continue
+                    if len(c.token_ids) >= limits[i]:  # nothing left to continue
                         group[j] = dataclasses.replace(c, finish_reason="length")
                     else:
                         pending.append((i, j))
@@ -157,7 +174,7 @@ class RolloutLoop(Loop):
             more = self._call(
                 [prompt_ids[i] + out[i][j].token_ids for i, j in pending],
                 dataclasses.replace(sampling, n=1),
-                [sampling.max_new_tokens - len(out[i][j].token_ids) for i, j in pending],
+                [limits[i] - len(out[i][j].token_ids) for i, j in pending],
             )
             if more is None:
                 return None

@@ -1,4 +1,11 @@
-"""The reward registry and the built-in rule-based verifiers."""
+"""The reward registry and the built-in rule-based verifiers.
+
+A registered reward is either a function ``(prompt, completion, metadata) -> float | dict``,
+or a class with a ``from_config(cfg: RewardConfig)`` classmethod that builds such a callable
+(rewards that need settings, like the sandboxed ``code_tests``). A reward that scores whole
+batches at once (a reward model) also has ``score_batch(prompts, completions, metadatas)``
+returning one float per item.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,14 @@ class RewardFn(Protocol):
     def __call__(self, prompt: str, completion: str, metadata: dict) -> float | dict: ...
 
 
-REWARDS: Registry = Registry("reward function", "task.reward")
+REWARDS: Registry = Registry("reward function", "task.reward / reward.extra")
+
+
+def build_reward(name: str, cfg) -> RewardFn:
+    """The reward registered as ``name``, built from ``cfg`` (a ``RewardConfig``) if it
+    needs settings."""
+    item = REWARDS.get(name)
+    return item.from_config(cfg) if hasattr(item, "from_config") else item
 
 
 @REWARDS.register("exact_match")
@@ -26,13 +40,30 @@ def exact_match(prompt: str, completion: str, metadata: dict) -> float:
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+def numbers_in(text: str) -> list[str]:
+    """The numbers in ``text`` in order (thousands separators removed)."""
+    return _NUMBER.findall(text.replace(",", ""))
+
+
+def same_number(found: str, answer: str) -> bool:
+    """Whether two numeric strings denote the same value (False if either is not a number)."""
+    try:
+        return float(found) == float(str(answer).replace(",", ""))
+    except ValueError:
+        return False
+
+
 @REWARDS.register("last_number")
 def last_number(prompt: str, completion: str, metadata: dict) -> float:
     """1.0 when the last number in the completion equals the numeric answer."""
-    numbers = _NUMBER.findall(completion.replace(",", ""))
-    if not numbers:
-        return 0.0
-    try:
-        return float(float(numbers[-1]) == float(str(metadata["answer"]).replace(",", "")))
-    except ValueError:
-        return 0.0
+    numbers = numbers_in(completion)
+    return float(bool(numbers) and same_number(numbers[-1], metadata["answer"]))
+
+
+@REWARDS.register("env")
+def env_reward(prompt: str, completion: str, metadata: dict) -> dict:
+    """The multi-turn environment's own reward and verdict (``task.env``): turn-level rewards
+    summed with the trajectory-level one."""
+    if "env_reward" not in metadata:
+        raise KeyError("task.reward=env needs a multi-turn task: set task.env.name")
+    return {"reward": metadata["env_reward"], "correct": metadata["env_correct"]}

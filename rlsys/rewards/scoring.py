@@ -1,19 +1,25 @@
 """Apply a reward function safely: an exception, a timeout or a reward that is not a finite
-number gives reward 0 and a counted error."""
+number gives reward 0 and a counted error, never a crash.
+
+Each call runs on its own daemon thread, at most ``concurrency`` at once, and is waited for
+at most ``timeout_s``: a call that hangs is abandoned (a thread cannot be killed; its slot is
+freed) rather than blocking later calls. Code that must be killed runs in a subprocess
+(``rlsys.rewards.sandbox``) or on a reward worker actor (``rlsys.rewards.pool``).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import logging
 import math
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 
 from rlsys.rewards.registry import RewardFn
 
 log = logging.getLogger(__name__)
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="reward")
 
 
 @dataclass
@@ -23,6 +29,8 @@ class RewardOutcome:
     reward: float
     correct: bool  # reward >= 1 for 0/1 verifiers, or the dict's ``correct`` entry
     error: str | None = None
+    components: dict[str, float] = field(default_factory=dict)  # name -> unweighted reward
+    errors: int = 0  # components that failed (scored 0)
 
 
 def _call(fn: RewardFn, prompt: str, completion: str, metadata: dict):
@@ -36,17 +44,23 @@ async def _await(awaitable):
     return await awaitable
 
 
-def score(
-    fn: RewardFn, prompt: str, completion: str, metadata: dict, timeout_s: float = 10.0
-) -> RewardOutcome:
-    """Run ``fn`` with a timeout; never raises."""
-    try:
-        result = _POOL.submit(_call, fn, prompt, completion, metadata).result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        return RewardOutcome(0.0, False, f"timeout after {timeout_s}s")
-    except Exception as exc:  # a reward bug must not kill training
-        log.debug("reward function failed: %r", exc)
-        return RewardOutcome(0.0, False, f"{type(exc).__name__}: {exc}")
+class _Call(threading.Thread):
+    """One reward call on a daemon thread, holding its result or exception."""
+
+    def __init__(self, fn: RewardFn, args: tuple) -> None:
+        super().__init__(daemon=True, name="reward")
+        self.fn, self.args = fn, args
+        self.result, self.exc = None, None
+
+    def run(self) -> None:
+        try:
+            self.result = _call(self.fn, *self.args)
+        except BaseException as exc:  # noqa: BLE001 - reported as the outcome
+            self.exc = exc
+
+
+def outcome_of(result) -> RewardOutcome:
+    """A reward function's return value as an outcome (not a number: 0 and an error)."""
     try:
         reward = float(result["reward"] if isinstance(result, dict) else result)
     except (KeyError, TypeError, ValueError) as exc:
@@ -56,3 +70,37 @@ def score(
     if isinstance(result, dict):
         return RewardOutcome(reward, bool(result.get("correct", reward >= 1.0)))
     return RewardOutcome(reward, reward >= 1.0)
+
+
+def score_many(
+    fn: RewardFn,
+    items: list[tuple[str, str, dict]],
+    timeout_s: float = 10.0,
+    concurrency: int = 8,
+) -> list[RewardOutcome]:
+    """``fn`` on every ``(prompt, completion, metadata)``, ``concurrency`` calls at a time,
+    each given ``timeout_s``; never raises."""
+    outcomes: list[RewardOutcome] = []
+    for start in range(0, len(items), concurrency):
+        calls = [_Call(fn, item) for item in items[start : start + concurrency]]
+        for call in calls:
+            call.start()
+        deadline = time.monotonic() + timeout_s
+        for call in calls:
+            call.join(max(0.0, deadline - time.monotonic()))
+            if call.is_alive():
+                outcomes.append(RewardOutcome(0.0, False, f"timeout after {timeout_s}s"))
+            elif call.exc is not None:
+                log.debug("reward function failed: %r", call.exc)
+                exc = call.exc
+                outcomes.append(RewardOutcome(0.0, False, f"{type(exc).__name__}: {exc}"))
+            else:
+                outcomes.append(outcome_of(call.result))
+    return outcomes
+
+
+def score(
+    fn: RewardFn, prompt: str, completion: str, metadata: dict, timeout_s: float = 10.0
+) -> RewardOutcome:
+    """``fn`` on one completion with a timeout; never raises."""
+    return score_many(fn, [(prompt, completion, metadata)], timeout_s, 1)[0]

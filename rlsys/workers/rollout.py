@@ -156,13 +156,23 @@ class RolloutPool:
         return ray.get(self.submit(worker, prompts, sampling, seed, budgets))
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        seed: int | None = None,
+        budgets: list[int] | None = None,
     ) -> list[list[Completion]]:
         """Completions per prompt, in prompt order, split evenly over the workers; worker i
-        seeds with ``seed + i``."""
+        seeds with ``seed + i``; prompt j gets at most ``budgets[j]`` new tokens."""
         shards = np.array_split(np.arange(len(prompts)), len(self.workers))
         futures = [
-            self.submit(i, [prompts[r] for r in rows], sampling, None if seed is None else seed + i)
+            self.submit(
+                i,
+                [prompts[r] for r in rows],
+                sampling,
+                None if seed is None else seed + i,
+                None if budgets is None else [budgets[r] for r in rows],
+            )
             for i, rows in enumerate(shards)
             if len(rows)
         ]

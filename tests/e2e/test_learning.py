@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def train(tmp_path: Path, name: str, *overrides: str) -> dict:
+def train(tmp_path: Path, name: str, *overrides: str, timeout: float = 900) -> dict:
     """Run `rlsys train` in a fresh process; return its summary.json."""
     result = subprocess.run(
         [
@@ -27,7 +27,7 @@ def train(tmp_path: Path, name: str, *overrides: str) -> dict:
         ],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-4000:]

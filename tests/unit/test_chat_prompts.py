@@ -69,7 +69,7 @@ def test_instruction_without_chat_template_is_appended(chat_tokenizer):
 
 def test_the_formatted_prompt_counts_against_max_prompt_tokens(chat_tokenizer):
     fmt = PromptFormat(instruction="x" * 40, chat_template=True)
-    collector = RolloutCollector(_no_generate, chat_tokenizer, REWARDS.get("last_number"), 50, fmt)
+    collector = RolloutCollector(_no_generate, chat_tokenizer, None, 50, fmt)
     kept, ids = collector.encode([Prompt(uid=0, text="1+1", answer="2")])
     assert kept == [] and ids == [] and collector.skipped_prompts == 1
 
@@ -82,7 +82,8 @@ def test_chat_template_needs_a_tokenizer_with_one(tiny_model_dir):
 
 def test_for_task_takes_the_reward_from_the_task(chat_tokenizer):
     collector = _collector(chat_tokenizer, reward="last_number")
-    assert collector.reward_fn is REWARDS.get("last_number")
+    [verifier] = collector.scorer.components
+    assert verifier.fn is REWARDS.get("last_number") and verifier.verdict
     with pytest.raises(KeyError, match="task.reward"):
         _collector(chat_tokenizer, reward="nope")
 

@@ -1,0 +1,86 @@
+"""Config of the reward layer (``reward.*``): which rewards score a completion, where they
+run, and the limits of sandboxed code execution. See docs/rewards.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.errors import ConfigError
+
+
+@dataclass
+class SandboxConfig:
+    """``reward.sandbox``: limits on model-written code run by code rewards (``code_tests``)."""
+
+    wall_s: float = 5.0  # wall-clock seconds per program run (then it is killed)
+    cpu_s: float = 4.0  # CPU seconds (RLIMIT_CPU)
+    memory_mb: int = 512  # address space (RLIMIT_AS), MiB
+    max_processes: int = 16  # processes/threads of the sandbox user (RLIMIT_NPROC)
+    file_size_mb: int = 8  # largest file the program may write (RLIMIT_FSIZE), MiB
+    # Without a way to cut the network off (a new network namespace), code rewards refuse to
+    # run; true runs the code anyway, with the other limits only.
+    allow_network: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("wall_s", "cpu_s", "memory_mb", "max_processes", "file_size_mb"):
+            positive(f"reward.sandbox.{key}", getattr(self, key))
+
+
+@dataclass
+class RewardModelConfig:
+    """``reward.model``: sequence-classification reward models scoring (prompt, completion)."""
+
+    paths: list[str] = field(default_factory=list)  # HF dirs or hub ids; several: an ensemble
+    ensemble: str = "mean"  # how an ensemble's scores combine: mean | min
+    weight: float = 1.0  # weight of the (ensembled) score in the total reward
+    num_cpus: float = 1.0  # per reward-model actor (also its torch thread count)
+    num_gpus: float = 0.0  # per reward-model actor
+    dtype: str = "float32"
+    batch_size: int = 32  # sequences per forward pass
+    max_length: int = 512  # longer prompt + completion pairs are truncated from the left
+
+    def __post_init__(self) -> None:
+        one_of("reward.model.ensemble", self.ensemble, ("mean", "min"))
+        one_of("reward.model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        positive("reward.model.num_cpus", self.num_cpus)
+        non_negative("reward.model.num_gpus", self.num_gpus)
+        positive("reward.model.batch_size", self.batch_size)
+        positive("reward.model.max_length", self.max_length)
+
+
+@dataclass
+class RewardConfig:
+    """``reward``: the total reward of a completion is ``reward.weight`` x the task's verifier
+    (``task.reward``, or ``reward.fn``) + sum of ``reward.extra`` weights x their rewards
+    (+ ``reward.model.weight`` x the reward model). ``correct`` is the verifier's verdict."""
+
+    # A user reward function replacing task.reward: "path/to/file.py:function", called with
+    # (prompt, completion, metadata) and returning a float or a dict with "reward" (sync or
+    # async).
+    fn: str | None = None
+    weight: float = 1.0  # weight of the verifier (task.reward / reward.fn)
+    # More registered rewards added to the total, name -> weight, e.g. {format: 0.1}.
+    extra: dict[str, float] = field(default_factory=dict)
+    format_pattern: str = r"(?s)\s*\S.*"  # the `format` reward: 1 when the whole completion matches
+    timeout_s: float = 10.0  # per reward call; a timeout scores 0 and counts an error
+    # Reward worker actors scoring batches of samples (0: threads of the controller process).
+    num_workers: int = 0
+    num_cpus_per_worker: float = 1.0
+    batch_size: int = 16  # samples per call to a reward worker
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+
+    def __post_init__(self) -> None:
+        if self.fn is not None and ":" not in self.fn:
+            raise ConfigError(
+                f"reward.fn={self.fn!r} must be 'path/to/file.py:function', e.g. "
+                "reward.fn=my_rewards.py:score"
+            )
+        positive("reward.timeout_s", self.timeout_s)
+        non_negative("reward.num_workers", self.num_workers)
+        positive("reward.num_cpus_per_worker", self.num_cpus_per_worker)
+        positive("reward.batch_size", self.batch_size)
+        for name in self.extra:
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"reward.extra has a bad name {name!r}; use a reward's name")

@@ -1,0 +1,14 @@
+"""Multi-turn environments (``task.env.name``): the interface, the tool-call format, the
+rollout that alternates model turns with observations, and the built-in environments."""
+
+from rlsys.envs.base import Environment, EnvironmentFactory, StepResult
+from rlsys.envs.calculator import Calculator
+from rlsys.envs.guess_number import GuessNumber
+from rlsys.envs.rollout import EpisodeRunner
+from rlsys.registry import Registry
+
+ENVS: Registry = Registry("environment", "task.env.name")
+ENVS.register("calculator")(Calculator)
+ENVS.register("guess_number")(GuessNumber)
+
+__all__ = ["ENVS", "Environment", "EnvironmentFactory", "EpisodeRunner", "StepResult"]

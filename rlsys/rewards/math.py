@@ -1,0 +1,147 @@
+"""Math verifiers (``boxed``, ``math_verify``, ``gsm8k``) and the ``format`` reward.
+
+``metadata["answer"]`` is the ground-truth string (a dataset's answer column, see
+``rlsys.data.math_data``). Rewards run on worker threads (``rlsys.rewards.scoring``), so
+``math_verify`` is called with its signal-based timeouts disabled (``signal.alarm`` only works
+on the main thread); ``reward.timeout_s`` bounds each call instead. math_verify (sympy) is
+imported on first use: it takes ~0.6 s, which every importer of ``rlsys.rewards`` would pay.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from rlsys.config.errors import ConfigError
+from rlsys.rewards.registry import REWARDS, numbers_in, same_number
+
+_BOX = re.compile(r"\\(?:boxed|fbox)")
+
+
+def _balanced(text: str, start: int) -> int | None:
+    """The index just past the ``}`` closing the ``{`` at ``start``, or None if unclosed."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` in ``text`` (braces
+    balanced; ``\\boxed 5`` also counts), or None. A box cut off by the length limit is
+    ignored, and a box nested in another is part of the outer one's content."""
+    found, pos = None, 0
+    while match := _BOX.search(text, pos):
+        pos = match.end()
+        rest = text[pos:]
+        if rest.startswith("{"):
+            end = _balanced(text, pos)
+            if end is None:
+                continue
+            found, pos = text[pos + 1 : end - 1], end
+        elif rest[:1] == " " and (word := re.match(r" +([^\s$]+)", rest)):
+            found, pos = word.group(1), pos + word.end()
+    return found
+
+
+_NORMALISE = [
+    (re.compile(r"\\left|\\right|\\!|\$|\s"), ""),
+    (re.compile(r"\\[dt]frac"), r"\\frac"),
+    (re.compile(r"(?<=\d),(?=\d{3}(?!\d))"), ""),  # thousands separators: 1,234,567
+]
+
+
+def normalise_answer(text: str) -> str:
+    """``text`` without spaces, ``$``, ``\\left``/``\\right``, ``\\!``, thousands commas and
+    trailing periods, with ``\\dfrac``/``\\tfrac`` written ``\\frac``."""
+    for pattern, repl in _NORMALISE:
+        text = pattern.sub(repl, text)
+    return text.rstrip(".")
+
+
+def same_answer(found: str, answer: str) -> bool:
+    """Whether two answers are equal as normalised strings, or as numbers."""
+    a, b = normalise_answer(found), normalise_answer(str(answer))
+    return a == b or same_number(a, b)
+
+
+@REWARDS.register("boxed")
+def boxed(prompt: str, completion: str, metadata: dict) -> float:
+    """1.0 when the last ``\\boxed{}`` of the completion equals the answer (normalised string or
+    numeric equality); 0.0 without a box."""
+    found = last_boxed(completion)
+    return float(found is not None and same_answer(found, metadata["answer"]))
+
+
+def _parse(text: str) -> list:
+    """What math_verify extracts from ``text``: a LaTeX answer (``\\boxed{}`` first, then
+    ``$...$`` and anchors like "the answer is"), else a plain expression or number."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    config = [LatexExtractionConfig(), ExprExtractionConfig()]
+    return parse(text, extraction_config=config, parsing_timeout=None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(answer: str) -> tuple:
+    """The parsed ground truth (cached: every sample of a prompt's group shares it)."""
+    text = answer if ("$" in answer or "\\boxed" in answer) else f"${answer}$"
+    gold = _parse(text)
+    if not gold:
+        raise ValueError(
+            f"math_verify cannot parse the answer {answer!r}; fix the dataset's answer column "
+            "(task.answer_key) or use task.reward=boxed for string answers"
+        )
+    return tuple(gold)
+
+
+@REWARDS.register("math_verify")
+def math_verify_reward(prompt: str, completion: str, metadata: dict) -> dict:
+    """1.0 when math_verify finds the completion's answer mathematically equal to the ground
+    truth (``\\frac{1}{2}`` = ``0.5``, ``\\sqrt{2}/2`` = ``\\frac{\\sqrt{2}}{2}``); 0.0 else."""
+    from math_verify import verify
+
+    gold = list(_parse_gold(str(metadata["answer"]).strip()))
+    pred = _parse(completion)
+    correct = bool(pred) and verify(gold, pred, timeout_seconds=None)
+    return {"reward": float(correct), "correct": correct}
+
+
+@REWARDS.register("format")
+class FormatReward:
+    """1.0 when the whole completion matches ``reward.format_pattern`` (``re.fullmatch`` with
+    DOTALL, so ``.`` spans lines and the pattern must account for the entire reply, e.g.
+    ``.*\\\\boxed\\{.+\\}\\s*``: ends with a boxed answer); 0.0 otherwise."""
+
+    def __init__(self, pattern: str) -> None:
+        try:
+            self.regex = re.compile(pattern, re.DOTALL)
+        except re.error as exc:
+            raise ConfigError(
+                f"reward.format_pattern={pattern!r} is not a valid regular expression ({exc}); "
+                "fix it, e.g. reward.format_pattern='.*\\\\boxed\\{.+\\}\\s*'"
+            ) from exc
+
+    @classmethod
+    def from_config(cls, cfg) -> FormatReward:
+        """The format reward of ``cfg.format_pattern`` (a ``RewardConfig``)."""
+        return cls(cfg.format_pattern)
+
+    def __call__(self, prompt: str, completion: str, metadata: dict) -> float:
+        return float(self.regex.fullmatch(completion) is not None)
+
+
+@REWARDS.register("gsm8k")
+def gsm8k(prompt: str, completion: str, metadata: dict) -> float:
+    """1.0 when the completion's final answer equals the numeric answer: the first number
+    after the last ``####`` if there is one (GSM8K's answer marker), else the last number."""
+    if "####" in completion:
+        numbers = numbers_in(completion.rsplit("####", 1)[1])[:1]
+    else:
+        numbers = numbers_in(completion)[-1:]
+    return float(bool(numbers) and same_number(numbers[0], metadata["answer"]))

@@ -1,0 +1,350 @@
+"""Run model-written Python under ``reward.sandbox`` limits, with no network, no writable
+file outside its own directory and no inherited secrets.
+
+This module is the parent side (``run_sandboxed``, run in the trainer or a reward worker):
+it prepares the run's files, claims a uid, starts the launcher, enforces the wall clock and
+reads the results back. The child side, the launcher that builds the sandbox and execs the
+program, is ``sandbox_launcher.py``: a separate script that imports only a few standard
+library modules, so that each run starts fast.
+
+How one run is contained (Linux):
+
+* The parent starts ``sandbox_launcher.py`` as a script in a new session. The launcher
+  unshares network, mount, PID and IPC namespaces (plus a user namespace when not root)
+  and forks the *init* of the new PID namespace: when init dies, every process in the
+  sandbox dies with it, so a fork bomb cannot outlive its run.
+* Init makes every mount read-only, mounts an empty tmpfs on /tmp holding only the run's
+  working directory (``/tmp/work``, the one writable place) and a read-only view of the
+  Python installation (``/tmp/python``), an empty /run (no host sockets), and a fresh
+  /proc that shows only the sandbox.
+* Init forks the program's process, which sets the rlimits (CPU, address space,
+  processes, file size, no core files), drops to an unprivileged uid when root (one per
+  concurrent run, so RLIMIT_NPROC counts only this run), sets no_new_privs and execs
+  ``python -I -S -B prog.py`` with a scrubbed environment.
+* The parent kills the launcher's process group after ``wall_s``; init dies with it.
+
+Where namespaces cannot be created the run is refused unless
+``reward.sandbox.allow_network`` is true; then only the rlimits, the uid and the
+process-group kill apply. ``sandbox_support()`` says which mode this machine gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlsys.rewards.sandbox_launcher import PYTHON_MOUNT, WORK_MOUNT
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from rlsys.config.reward import SandboxConfig
+
+OUTPUT_LIMIT = 64 * 1024  # bytes of stdout / stderr kept
+_UID_BASE = 2_000_000_000  # per-run uids when root: a block no account uses
+_UID_SLOTS = 256  # concurrent runs per machine before runs wait for a free uid
+_NOBODY = 65534  # the shared fallback where such uids cannot be set
+_LAUNCHER = str(Path(__file__).absolute().with_name("sandbox_launcher.py"))  # child side
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass
+class SandboxResult:
+    """The outcome of one sandboxed run; never an exception for bad code."""
+
+    returncode: int  # exit status; negative: killed by that signal
+    stdout: str  # the first OUTPUT_LIMIT bytes, decoded with replacement
+    stderr: str
+    timed_out: bool  # killed after reward.sandbox.wall_s
+    # Why it was stopped: wall_time | cpu_time | file_size | signal:NAME | sandbox_error
+    killed_reason: str | None
+    duration_s: float
+    truncated: bool = False  # stdout or stderr was longer than OUTPUT_LIMIT
+
+    @property
+    def ok(self) -> bool:
+        """Whether the program ran to a zero exit status in time."""
+        return self.returncode == 0 and not self.timed_out and self.killed_reason is None
+
+
+@dataclass(frozen=True)
+class SandboxSupport:
+    """What this machine's sandbox can do, found once by running a trivial program."""
+
+    runs: bool  # a trivial program runs at all
+    isolated: bool  # namespaces + read-only filesystem (no network, writes only in cwd)
+    uid_mode: str  # pool: a uid per concurrent run | nobody: 65534 | self: the current user
+    reason: str = ""  # why a better mode failed
+
+
+_support: SandboxSupport | None = None
+_support_lock = threading.Lock()
+
+
+def sandbox_support() -> SandboxSupport:
+    """The sandbox mode of this machine (probed on first call, then cached)."""
+    global _support
+    with _support_lock:
+        if _support is None:
+            _support = _probe()
+        return _support
+
+
+def check_sandbox(cfg: SandboxConfig) -> None:
+    """Raise ConfigError when code cannot run here as ``reward.sandbox`` requires."""
+    from rlsys.config.errors import ConfigError
+
+    support = sandbox_support()
+    if not support.runs:
+        raise ConfigError(
+            f"the code sandbox cannot start Python on this machine ({support.reason}); "
+            "run code rewards (task.reward=code_tests) on a Linux host or reward worker "
+            "where it can"
+        )
+    if not support.isolated and not cfg.allow_network:
+        raise ConfigError(
+            "the code sandbox cannot cut programs off the network here (no network "
+            f"namespace: {support.reason}); run as root or enable unprivileged user "
+            "namespaces, or set reward.sandbox.allow_network=true to run the code anyway "
+            "with only rlimits and an unprivileged user"
+        )
+
+
+def run_sandboxed(code: str, stdin: str, cfg: SandboxConfig) -> SandboxResult:
+    """Run the Python program ``code`` on ``stdin`` under ``cfg``'s limits; raises only
+    when this machine cannot sandbox as ``cfg`` requires (see ``check_sandbox``)."""
+    check_sandbox(cfg)
+    return _execute(code, stdin, cfg, sandbox_support())
+
+
+def _probe() -> SandboxSupport:
+    from rlsys.config.reward import SandboxConfig
+
+    cfg = SandboxConfig(wall_s=60.0, cpu_s=30.0)
+    uid_modes = ("pool", "nobody") if os.geteuid() == 0 else ("self",)
+    reasons = []
+    for isolated in (True, False):
+        for uid_mode in uid_modes:
+            support = SandboxSupport(True, isolated, uid_mode)
+            result = _execute("print('ok')", "", cfg, support)
+            if result.returncode == 0 and result.stdout.strip() == "ok":
+                return SandboxSupport(True, isolated, uid_mode, "; ".join(reasons))
+            detail = (result.stderr.strip() or f"exit status {result.returncode}")[-300:]
+            reasons.append(f"{'isolated' if isolated else 'plain'}/{uid_mode}: {detail}")
+    return SandboxSupport(False, False, uid_modes[-1], "; ".join(reasons))
+
+
+def _execute(code: str, stdin: str, cfg: SandboxConfig, support: SandboxSupport) -> SandboxResult:
+    start = time.monotonic()
+    io_dir = tempfile.mkdtemp(prefix="rlsys-sandbox-io-")  # parent-only: stdin/out/err
+    workdir = tempfile.mkdtemp(prefix="rlsys-sandbox-")
+    try:
+        with _claim_uid(support.uid_mode) as uid:
+            result = _run_launcher(code, stdin, cfg, support, uid, workdir, io_dir)
+            if uid is not None and not support.isolated:
+                _kill_uid(uid)  # processes that left the process group
+    finally:
+        _remove_tree(workdir)
+        _remove_tree(io_dir)
+    result.duration_s = time.monotonic() - start
+    return result
+
+
+def _run_launcher(
+    code: str,
+    stdin: str,
+    cfg: SandboxConfig,
+    support: SandboxSupport,
+    uid: int | None,
+    workdir: str,
+    io_dir: str,
+) -> SandboxResult:
+    """One launcher run, waited for at most ``wall_s``; its files read back."""
+    with open(os.path.join(workdir, "prog.py"), "w", encoding="utf-8", errors="replace") as f:
+        f.write(code)
+    os.chmod(os.path.join(workdir, "prog.py"), 0o644)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    paths = {name: os.path.join(io_dir, name) for name in ("stdin", "stdout", "stderr")}
+    with open(paths["stdin"], "w", encoding="utf-8", errors="replace") as f:
+        f.write(stdin)
+    status_r, status_w = os.pipe()
+    spec = _launch_spec(cfg, support, uid, workdir, status_w)
+    timed_out = False
+    try:
+        with (
+            open(paths["stdin"], "rb") as fin,
+            open(paths["stdout"], "wb") as fout,
+            open(paths["stderr"], "wb") as ferr,
+        ):
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", _LAUNCHER, json.dumps(spec)],
+                stdin=fin,
+                stdout=fout,
+                stderr=ferr,
+                env={"PATH": _PATH, "LC_ALL": "C.UTF-8"},
+                pass_fds=(status_w,),
+                start_new_session=True,
+            )
+    except OSError as exc:
+        os.close(status_r)
+        return SandboxResult(-1, "", f"cannot start the sandbox: {exc}", False, "sandbox_error", 0)
+    finally:
+        os.close(status_w)
+    try:
+        proc.wait(timeout=cfg.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    # The launcher's session (init takes the rest of the sandbox with it). Once the launcher
+    # is reaped its id stays reserved as a process group id while any member lives.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    setup_error, status = _read_report(status_r)
+    stdout, cut_out = _read_head(paths["stdout"])
+    stderr, cut_err = _read_head(paths["stderr"])
+    # Init (PID 1) cannot die of the program's signal, so it reports the wait status.
+    rc = os.waitstatus_to_exitcode(status) if status is not None else proc.returncode
+    if timed_out:
+        rc = proc.returncode
+    if setup_error:
+        stderr = f"sandbox setup failed: {setup_error}\n{stderr}"
+    reason = _killed_reason(rc, timed_out, bool(setup_error))
+    return SandboxResult(rc, stdout, stderr, timed_out, reason, 0.0, cut_out or cut_err)
+
+
+def _launch_spec(
+    cfg: SandboxConfig, support: SandboxSupport, uid: int | None, workdir: str, status_fd: int
+) -> dict:
+    """The launcher's instructions (JSON on its command line; nothing secret in them)."""
+    home = os.path.realpath(sys.base_prefix)
+    interpreter = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    relocated = support.isolated and interpreter.startswith(home + os.sep)
+    if relocated:  # the install is bound read-only at PYTHON_MOUNT (its path may be private)
+        interpreter = PYTHON_MOUNT + interpreter[len(home) :]
+    cwd = WORK_MOUNT if support.isolated else workdir
+    env = {
+        "PATH": _PATH,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": cwd,
+        "TMPDIR": cwd,
+        "PYTHONHASHSEED": "0",  # ignored under -I; kept for programs the program starts
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if relocated:  # libpython may be found through an absolute RUNPATH under home
+        env["LD_LIBRARY_PATH"] = PYTHON_MOUNT + "/lib"
+    return {
+        "isolate": support.isolated,
+        "userns": support.isolated and os.geteuid() != 0,
+        "uid": uid,
+        "workdir": workdir,
+        "python_home": home,
+        "cwd": cwd,
+        "argv": [interpreter, "-I", "-S", "-B", "prog.py"],
+        "env": env,
+        "limits": {
+            "cpu_s": cfg.cpu_s,
+            "memory_mb": cfg.memory_mb,
+            "max_processes": cfg.max_processes,
+            "file_size_mb": cfg.file_size_mb,
+        },
+        "status_fd": status_fd,
+        "parent_pid": os.getpid(),
+    }
+
+
+def _read_report(status_r: int) -> tuple[str, int | None]:
+    """The launcher's report lines: ``error MESSAGE`` and ``status WAIT_STATUS``."""
+    os.set_blocking(status_r, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(status_r, 4096):
+            data += chunk
+    os.close(status_r)
+    errors, status = [], None
+    for line in data.decode(errors="replace").splitlines():
+        kind, _, value = line.partition(" ")
+        if kind == "error":
+            errors.append(value)
+        elif kind == "status" and value.isdigit():
+            status = int(value)
+    return "; ".join(errors), status
+
+
+def _killed_reason(rc: int, timed_out: bool, setup_failed: bool) -> str | None:
+    if setup_failed:
+        return "sandbox_error"
+    if timed_out:
+        return "wall_time"
+    if rc == -signal.SIGXCPU:
+        return "cpu_time"
+    if rc == -signal.SIGXFSZ:
+        return "file_size"
+    if rc < 0:
+        try:
+            return f"signal:{signal.Signals(-rc).name}"
+        except ValueError:
+            return f"signal:{-rc}"
+    return None
+
+
+def _read_head(path: str) -> tuple[str, bool]:
+    with open(path, "rb") as f:
+        data = f.read(OUTPUT_LIMIT + 1)
+    return data[:OUTPUT_LIMIT].decode("utf-8", errors="replace"), len(data) > OUTPUT_LIMIT
+
+
+@contextlib.contextmanager
+def _claim_uid(uid_mode: str) -> Iterator[int | None]:
+    """A uid for one run: ``pool`` holds an flock on one of _UID_SLOTS files (shared by
+    every process of this machine) for the run's length."""
+    if uid_mode != "pool":
+        yield _NOBODY if uid_mode == "nobody" else None
+        return
+    lock_dir = os.path.join(tempfile.gettempdir(), f"rlsys-sandbox-uids-{os.geteuid()}")
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    st = os.lstat(lock_dir)
+    if not os.path.isdir(lock_dir) or os.path.islink(lock_dir) or st.st_uid != os.geteuid():
+        raise RuntimeError(f"{lock_dir} is not a directory of this user; remove it")
+    while True:
+        for slot in random.sample(range(_UID_SLOTS), _UID_SLOTS):
+            fd = os.open(os.path.join(lock_dir, str(slot)), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield _UID_BASE + slot
+            finally:
+                os.close(fd)
+            return
+        time.sleep(0.01)
+
+
+def _kill_uid(uid: int) -> None:
+    launcher = [sys.executable, "-I", "-S", "-B", _LAUNCHER]
+    subprocess.run([*launcher, json.dumps({"kill_uid": uid})], env={}, check=False)
+
+
+def _remove_tree(path: str) -> None:
+    def unlock_and_retry(func, failed_path, _exc) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed_path), 0o700)
+            func(failed_path)
+
+    shutil.rmtree(path, onerror=unlock_and_retry)

@@ -1,0 +1,107 @@
+"""The total reward of a completion: the task's verifier plus weighted extra rewards and
+reward models, with per-component values and errors counted (``reward.*``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlsys.config.reward import RewardConfig
+from rlsys.rewards.registry import RewardFn, build_reward
+from rlsys.rewards.scoring import RewardOutcome, _Call, outcome_of, score_many
+from rlsys.rewards.user import load_user_reward
+
+Item = tuple[str, str, dict]  # (prompt, completion, metadata)
+
+
+@dataclass
+class Component:
+    """One reward in the total: ``weight`` x its value. The ``verdict`` component decides
+    ``correct`` (the task's verifier)."""
+
+    name: str
+    fn: RewardFn
+    weight: float
+    verdict: bool = False
+
+
+def verifier_name(task_reward: str, cfg: RewardConfig) -> str:
+    """The metric name of the verifier: ``task.reward``, or ``user`` for ``reward.fn``."""
+    return "user" if cfg.fn else task_reward
+
+
+def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Component]:
+    """The rule-based components ``cfg`` asks for (reward models are added by their pool)."""
+    verifier = load_user_reward(cfg.fn) if cfg.fn else build_reward(task_reward, cfg)
+    components = [Component(verifier_name(task_reward, cfg), verifier, cfg.weight, True)]
+    for name, weight in cfg.extra.items():
+        components.append(Component(name, build_reward(name, cfg), float(weight)))
+    return components
+
+
+class RewardScorer:
+    """Scores batches of items with every component; a component that fails or times out on
+    an item scores 0 there and counts one error (never raises)."""
+
+    def __init__(self, components: list[Component], timeout_s: float, concurrency: int = 8):
+        if sum(c.verdict for c in components) > 1:
+            raise ValueError("at most one reward component may decide `correct`")
+        self.components, self.timeout_s, self.concurrency = components, timeout_s, concurrency
+
+    @classmethod
+    def from_config(
+        cls, task_reward: str, cfg: RewardConfig, more: list[Component] | None = None
+    ) -> RewardScorer:
+        return cls(components_from_config(task_reward, cfg) + list(more or []), cfg.timeout_s)
+
+    def score(self, items: list[Item]) -> list[RewardOutcome]:
+        """One outcome per item: the weighted total, the verdict, each component's value."""
+        outcomes = [RewardOutcome(0.0, False) for _ in items]
+        for component in self.components:
+            for outcome, part in zip(
+                outcomes, self._score_component(component, items), strict=True
+            ):
+                outcome.components[component.name] = part.reward
+                outcome.reward += component.weight * part.reward
+                if component.verdict:
+                    outcome.correct = part.correct
+                if part.error is not None:
+                    outcome.errors += 1
+                    outcome.error = outcome.error or f"{component.name}: {part.error}"
+        return outcomes
+
+    def _score_component(self, component: Component, items: list[Item]) -> list[RewardOutcome]:
+        if not items:
+            return []
+        if not hasattr(component.fn, "score_batch"):
+            return score_many(component.fn, items, self.timeout_s, self.concurrency)
+        # a batch scorer (a reward model): one call for the batch, with the timeout
+        prompts, completions, metadatas = (list(column) for column in zip(*items, strict=True))
+        call = _Call(
+            lambda *args: component.fn.score_batch(*args), (prompts, completions, metadatas)
+        )
+        call.start()
+        call.join(self.timeout_s)
+        if call.is_alive() or call.exc is not None or len(call.result or ()) != len(items):
+            why = (
+                f"timeout after {self.timeout_s}s"
+                if call.is_alive()
+                else repr(call.exc or f"{len(call.result or ())} scores for {len(items)} items")
+            )
+            return [RewardOutcome(0.0, False, why) for _ in items]
+        return [outcome_of(r) for r in call.result]
+
+
+def merge(*parts: list[RewardOutcome]) -> list[RewardOutcome]:
+    """Outcomes of disjoint component sets on the same items, added up (the first part's
+    verdict is kept: it holds the verifier)."""
+    out = []
+    for group in zip(*parts, strict=True):
+        first = group[0]
+        total = RewardOutcome(0.0, first.correct)
+        for part in group:
+            total.reward += part.reward
+            total.components.update(part.components)
+            total.errors += part.errors
+            total.error = total.error or part.error
+        out.append(total)
+    return out

@@ -1,0 +1,54 @@
+"""What a run scores with: the rule-based rewards (in this process, or on reward worker
+actors with ``reward.num_workers`` > 0) plus the reward models of ``reward.model.paths``
+on their own actors."""
+
+from __future__ import annotations
+
+from rlsys.config.reward import RewardConfig
+from rlsys.placement import ActorResources
+from rlsys.rewards.scorer import Component, Item, RewardScorer, merge
+from rlsys.rewards.scoring import RewardOutcome
+
+
+class RewardService:
+    """``score(items)`` over every reward of the run; ``shutdown`` stops its actors."""
+
+    def __init__(
+        self,
+        task_reward: str,
+        cfg: RewardConfig,
+        worker_resources: ActorResources | None = None,
+        chat: bool = False,
+        model_resources: ActorResources | None = None,
+    ) -> None:
+        self.pool = self.models = None
+        try:
+            model = []
+            if cfg.model.paths:
+                from rlsys.rewards.model import RewardModelScorer
+
+                self.models = RewardModelScorer(cfg.model, chat=chat, resources=model_resources)
+                model = [Component("model", self.models, cfg.model.weight)]
+            if cfg.num_workers:
+                from rlsys.rewards.pool import RewardPool
+
+                self.pool = RewardPool(task_reward, cfg, worker_resources)
+                self.local = RewardScorer(model, cfg.timeout_s) if model else None
+            else:
+                self.local = RewardScorer.from_config(task_reward, cfg, model)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def score(self, items: list[Item]) -> list[RewardOutcome]:
+        parts = []
+        if self.pool is not None:
+            parts.append(self.pool.score(items))
+        if self.local is not None:
+            parts.append(self.local.score(items))
+        return merge(*parts) if len(parts) > 1 else parts[0]
+
+    def shutdown(self) -> None:
+        for part in (self.pool, self.models):
+            if part is not None:
+                part.shutdown()

@@ -1,0 +1,141 @@
+"""The reward layer's composition: weighted components with their own values, the verdict
+from the verifier, user reward files, timeouts and errors scored 0 and counted, and the
+reward worker pool (real Ray actors) replacing a worker whose batch hangs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rlsys.config.errors import ConfigError
+from rlsys.config.reward import RewardConfig
+from rlsys.placement import ActorResources
+from rlsys.rewards.scorer import Component, RewardScorer, merge
+from rlsys.rewards.scoring import score_many
+from rlsys.rewards.user import load_user_reward
+
+USER_REWARDS = """
+import asyncio
+import time
+from helper_mod import BONUS  # a helper module beside the file
+
+def length_bonus(prompt, completion, metadata):
+    return {"reward": BONUS * len(completion), "correct": completion == metadata["answer"]}
+
+async def slow_async(prompt, completion, metadata):
+    await asyncio.sleep(float(metadata.get("sleep", 0)))
+    return 1.0
+
+def hangs(prompt, completion, metadata):
+    if completion == "hang":  # sleeps: a spinning thread would hold the GIL of the tests
+        time.sleep(3600)
+    return 1.0
+
+def wrong_arity(x):
+    return 0
+"""
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    (tmp_path / "helper_mod.py").write_text("BONUS = 0.5\n")
+    path = tmp_path / "my_rewards.py"
+    path.write_text(USER_REWARDS)
+    return path
+
+
+def test_components_are_weighted_and_the_verifier_decides_correct():
+    cfg = RewardConfig(weight=2.0, extra={"format": 0.5}, format_pattern=r"\d+")
+    scorer = RewardScorer.from_config("exact_match", cfg)
+    good, bad, text = scorer.score(
+        [
+            ("p", "42", {"answer": "42"}),
+            ("p", "41", {"answer": "42"}),
+            ("p", "forty-two", {"answer": "42"}),
+        ]
+    )
+    assert good.reward == 2.0 * 1 + 0.5 * 1 and good.correct
+    assert good.components == {"exact_match": 1.0, "format": 1.0}
+    assert bad.reward == 0.5 and not bad.correct and bad.error is None
+    assert text.reward == 0.0 and text.components == {"exact_match": 0.0, "format": 0.0}
+
+
+def test_user_reward_file_loads_with_its_helpers_sync_and_async(user_file):
+    scorer = RewardScorer.from_config("exact_match", RewardConfig(fn=f"{user_file}:length_bonus"))
+    [out] = scorer.score([("p", "abcd", {"answer": "abcd"})])
+    assert out.reward == 2.0 and out.correct and out.components == {"user": 2.0}
+    fn = load_user_reward(f"{user_file}:slow_async")
+    [ok, late] = score_many(fn, [("p", "c", {}), ("p", "c", {"sleep": 5})], timeout_s=0.5)
+    assert ok.reward == 1.0 and late.reward == 0.0 and "timeout" in late.error
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("missing.py:f", "is not a file"),
+        ("{file}:nope", "has no function 'nope'"),
+        ("{file}:wrong_arity", "must accept (prompt, completion, metadata)"),
+        ("no_colon", "path/to/file.py:function"),
+    ],
+)
+def test_bad_user_reward_specs_name_reward_fn(user_file, spec, needle):
+    with pytest.raises(ConfigError, match="reward.fn") as info:
+        RewardScorer.from_config("exact_match", RewardConfig(fn=spec.format(file=user_file)))
+    assert needle in str(info.value)
+
+
+def test_a_hanging_call_does_not_block_the_others(user_file):
+    fn = load_user_reward(f"{user_file}:hangs")
+    started = time.monotonic()
+    items = [("p", "hang", {})] * 3 + [("p", "fine", {})] * 6
+    outs = score_many(fn, items, timeout_s=0.5, concurrency=4)
+    assert time.monotonic() - started < 5
+    assert [o.reward for o in outs] == [0.0] * 3 + [1.0] * 6
+    assert all("timeout" in o.error for o in outs[:3])
+
+
+def test_a_failing_component_scores_zero_and_counts_an_error():
+    def broken(prompt, completion, metadata):
+        raise RuntimeError("boom")
+
+    class Batch:
+        def score_batch(self, prompts, completions, metadatas):
+            return [float("nan")] + [0.25] * (len(prompts) - 1)
+
+    scorer = RewardScorer(
+        [
+            Component("exact_match", lambda p, c, m: 1.0, 1.0, True),
+            Component("b", broken, 1.0),
+            Component("rm", Batch(), 2.0),
+        ],
+        timeout_s=2.0,
+    )
+    first, second = scorer.score([("p", "c", {}), ("p", "c", {})])
+    assert first.reward == 1.0 and first.errors == 2 and "boom" in first.error
+    assert second.reward == 1.5 and second.errors == 1 and second.correct
+    merged = merge([first], [second])
+    assert merged[0].reward == 2.5 and merged[0].errors == 3 and merged[0].correct == first.correct
+
+
+def test_reward_pool_scores_in_batches_and_replaces_a_stuck_worker(ray_cpu, user_file):
+    from rlsys.rewards.pool import RewardPool
+
+    cfg = RewardConfig(
+        fn=f"{user_file}:hangs", num_workers=2, batch_size=2, timeout_s=1.0, num_cpus_per_worker=0.5
+    )
+    pool = RewardPool("exact_match", cfg, ActorResources(0.5, 0.0, 1))
+    pool.batch_timeout_s = 3.0  # a stuck batch gives up quickly in this test
+    try:
+        outs = pool.score([("p", "ok", {})] * 5)
+        assert [o.reward for o in outs] == [1.0] * 5 and pool.replaced == 0
+        outs = pool.score([("p", "hang", {}), ("p", "ok", {}), ("p", "ok", {})])
+        # the hanging call times out inside the worker; its batch-mate still scores
+        assert [o.reward for o in outs] == [0.0, 1.0, 1.0] and "timeout" in outs[0].error
+        ray_cpu.kill(pool.workers[0])  # a worker that died: its batches score 0, replaced
+        outs = pool.score([("p", "ok", {})] * 4)
+        assert [o.reward for o in outs] == [0.0, 0.0, 1.0, 1.0] and pool.replaced == 1
+        assert "reward worker 0" in outs[0].error and outs[0].errors == 1
+        assert [o.reward for o in pool.score([("p", "ok", {})] * 4)] == [1.0] * 4
+    finally:
+        pool.shutdown()
