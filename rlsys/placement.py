@@ -157,6 +157,17 @@ def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
     return pools
 
 
+TIME_SHARED = ("learner", "rollout", "reference", "critic")  # colocated pools take turns
+
+
+def _share(cfg: TrainConfig, pools: list[PoolSpec]) -> int:
+    """How many colocated pools split each device (reward pools run all the time, so they
+    ask for what they are given)."""
+    if cfg.placement.mode != "colocated":
+        return 1
+    return sum(p.name in TIME_SHARED for p in pools)
+
+
 def wants_gpus(cfg: TrainConfig, roles: Roles) -> bool:
     """Whether any pool of the run asks for GPUs."""
     return any(pool.gpus > 0 for pool in pool_specs(cfg, roles))
@@ -205,6 +216,21 @@ def check_fits(
                 f"the {pool.name} pool needs {pool.count * pool.gpus:g} GPUs but Ray has "
                 f"{total_gpus:g}; lower {pool.count_key} or its GPUs per actor"
             )
+    share = _share(cfg, pools)
+    if cfg.placement.mode == "colocated" and len(pools) > share:  # reward pools on top
+        asked = sum(p.count * p.cpus / (share if p.name in TIME_SHARED else 1) for p in pools)
+        if asked > total_cpus + 1e-9:
+            raise ConfigError(
+                f"the colocated pools and the reward pools ask Ray for {asked:g} CPUs but it "
+                f"has {total_cpus:g}; lower reward.num_cpus_per_worker / reward.model.num_cpus "
+                "(fractions such as 0.25 are allowed) or the pools' CPUs"
+            )
+        asked = sum(p.count * p.gpus / (share if p.name in TIME_SHARED else 1) for p in pools)
+        if asked > total_gpus + 1e-9:
+            raise ConfigError(
+                f"the colocated pools and the reward models ask Ray for {asked:g} GPUs but it "
+                f"has {total_gpus:g}; lower reward.model.num_gpus or the pools' GPUs"
+            )
     if cfg.placement.mode == "disaggregated":
         need = sum(p.count * p.cpus for p in pools)
         if need > total_cpus + 1e-9:
@@ -223,12 +249,13 @@ def check_fits(
 def plan_placement(cfg: TrainConfig, roles: Roles) -> Placement:
     """Per-actor Ray requests for each pool (call ``check_fits`` first)."""
     pools = {p.name: p for p in pool_specs(cfg, roles)}
-    share = len(pools) if cfg.placement.mode == "colocated" else 1
+    share = _share(cfg, list(pools.values()))
 
     def resources(pool: PoolSpec) -> ActorResources:
         # custom resources pin a pool to node groups: asked for as given, never shared
+        split = share if pool.name in TIME_SHARED else 1
         return ActorResources(
-            pool.cpus / share, pool.gpus / share, max(1, int(pool.cpus)), dict(pool.resources)
+            pool.cpus / split, pool.gpus / split, max(1, int(pool.cpus)), dict(pool.resources)
         )
 
     return Placement(

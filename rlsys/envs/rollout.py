@@ -12,12 +12,14 @@ next turn would have no room in ``max_total_tokens``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 
 from rlsys.config.env import EnvConfig
-from rlsys.envs.base import Environment, EnvironmentFactory
+from rlsys.envs.base import Environment, EnvironmentFactory, StepResult
 from rlsys.types import Completion, Episode, Prompt, SamplingParams
 
+log = logging.getLogger(__name__)
 # (prompt ids, sampling, per-prompt budgets) -> completions per prompt; None: the run ends
 Complete = Callable[
     [list[list[int]], SamplingParams, list[int] | None], list[list[Completion]] | None
@@ -54,6 +56,7 @@ class EpisodeRunner:
     def __init__(self, factory: EnvironmentFactory, tokenizer, cfg: EnvConfig) -> None:
         self.factory, self.tokenizer, self.cfg = factory, tokenizer, cfg
         self.stop = list(getattr(factory, "stop", []))
+        self.end_ids = {tokenizer.eos_token_id}  # a turn ending in one ends the reply
 
     def total_tokens(self, turn_tokens: int) -> int:
         """A trajectory's response-token bound when one model turn may take ``turn_tokens``."""
@@ -71,6 +74,7 @@ class EpisodeRunner:
         continue each trajectory on its own. ``sampling.max_new_tokens`` bounds one turn."""
         turn_tokens = sampling.max_new_tokens
         total = self.total_tokens(turn_tokens)
+        ends = self.end_ids | set(sampling.stop_token_ids)
         turn = dataclasses.replace(
             sampling,
             stop=list(dict.fromkeys([*sampling.stop, *self.stop])),
@@ -87,7 +91,7 @@ class EpisodeRunner:
             t
             for row, group in zip(trajectories, first, strict=True)
             for t, c in zip(row, group, strict=True)
-            if self._advance(t, c)
+            if self._advance(t, c, ends)
         ]
         single = dataclasses.replace(turn, n=1)
         while live:
@@ -95,11 +99,16 @@ class EpisodeRunner:
             out = complete([t.prompt_ids + t.tokens for t in live], single, budgets)
             if out is None:
                 return None
-            live = [t for t, group in zip(live, out, strict=True) if self._advance(t, group[0])]
+            live = [
+                t for t, group in zip(live, out, strict=True) if self._advance(t, group[0], ends)
+            ]
         return [[t.completion() for t in row] for row in trajectories]
 
-    def _advance(self, t: _Trajectory, turn: Completion) -> bool:
-        """Append a model turn and the environment's answer; whether the trajectory goes on."""
+    def _advance(self, t: _Trajectory, turn: Completion, ends: set[int]) -> bool:
+        """Append a model turn and the environment's answer; whether the trajectory goes on.
+        A turn whose last token is EOS (or a stop token) ends the reply; one that stopped at
+        an environment stop string goes on (an engine may keep text after the match inside
+        the matching token, so the ids decide, not the text)."""
         t.tokens += turn.token_ids
         t.logprobs += turn.logprobs
         t.mask += [1] * len(turn.token_ids)
@@ -107,7 +116,11 @@ class EpisodeRunner:
         t.finish = turn.finish_reason
         t.episode.turns += 1
         t.episode.truncated = turn.finish_reason == "length"  # cut by a token bound
-        result = t.env.step(self.tokenizer.decode(turn.token_ids, skip_special_tokens=True))
+        try:
+            result = t.env.step(self.tokenizer.decode(turn.token_ids, skip_special_tokens=True))
+        except Exception as exc:  # noqa: BLE001 - an environment bug ends this trajectory only
+            log.warning("environment step failed, trajectory ended: %r", exc)
+            result = StepResult(done=True, tool_error=True)
         t.episode.reward += result.reward
         t.episode.tool_calls += int(result.tool_call)
         t.episode.tool_errors += int(result.tool_error)
@@ -115,9 +128,7 @@ class EpisodeRunner:
             t.episode.correct = result.correct
         if result.done:
             return False
-        eos_ended = turn.finish_reason == "stop" and not any(
-            self.tokenizer.decode(turn.token_ids).endswith(s) for s in self.stop
-        )
+        eos_ended = bool(turn.token_ids) and turn.token_ids[-1] in ends
         if eos_ended or result.observation is None:
             return False  # the model ended its reply; nothing more to say to it
         observation = self.tokenizer.encode(result.observation, add_special_tokens=False)
@@ -125,6 +136,7 @@ class EpisodeRunner:
         room = t.budget - len(t.tokens) - len(observation)
         if t.episode.turns >= self.cfg.max_turns or room <= 0:
             t.episode.truncated = True
+            t.finish = "length"  # cut by a bound: overlong filtering and stop_frac see it
             return False
         version = t.versions[-1] if t.versions else turn.version
         t.tokens += observation

@@ -41,7 +41,7 @@ def find_call(text: str) -> ToolCall | None:
     if body.startswith("{"):
         try:
             data = json.loads(body)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # deep nesting recurses
             raise ToolCallError(f"tool call is not valid JSON: {exc}") from exc
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise ToolCallError('a JSON tool call needs a string "name"')

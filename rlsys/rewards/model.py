@@ -68,6 +68,11 @@ class RewardModelScorer:
                 "(AutoModelForSequenceClassification)"
             )
 
+    @property
+    def batch_size(self) -> int:
+        """Items per ``score_batch`` call the reward scorer makes (each with its timeout)."""
+        return self.cfg.batch_size
+
     def score_batch(
         self, prompts: list[str], completions: list[str], metadatas: list[dict]
     ) -> list[float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 
 import ray
 
@@ -48,7 +49,13 @@ class RewardPool:
     def __init__(self, task_reward: str, cfg: RewardConfig, resources: ActorResources) -> None:
         self.task_reward, self.cfg, self.resources = task_reward, cfg, resources
         self.workers = [self._spawn() for _ in range(cfg.num_workers)]
-        ray.get([w.ready.remote() for w in self.workers])
+        try:
+            ray.get([w.ready.remote() for w in self.workers], timeout=START_TIMEOUT_S)
+        except BaseException:
+            self.shutdown()
+            raise
+        self._next = 0  # round robin over calls: one-batch calls still spread
+        self._lock = threading.Lock()  # scoring and eval may score at once
         self.replaced = 0  # workers replaced after a batch timed out or a worker died
         # a batch runs ceil(batch / CONCURRENCY) rounds of calls, each up to timeout_s
         self.batch_timeout_s = cfg.timeout_s * math.ceil(cfg.batch_size / CONCURRENCY) + 30.0
@@ -59,12 +66,18 @@ class RewardPool:
         )
 
     def score(self, items: list[Item]) -> list[RewardOutcome]:
+        """One outcome per item; never raises."""
+        with self._lock:
+            return self._score(items)
+
+    def _score(self, items: list[Item]) -> list[RewardOutcome]:
         size = self.cfg.batch_size
         batches = [items[i : i + size] for i in range(0, len(items), size)]
-        refs = [
-            (k % len(self.workers), self.workers[k % len(self.workers)].score.remote(batch))
-            for k, batch in enumerate(batches)
-        ]
+        refs = []
+        for batch in batches:
+            worker = self._next % len(self.workers)
+            self._next += 1
+            refs.append((worker, self.workers[worker].score.remote(batch)))
         out: list[RewardOutcome] = []
         replaced: set[int] = set()  # a replaced worker's other batches are lost with it
         for (worker, ref), batch in zip(refs, batches, strict=True):
@@ -80,11 +93,16 @@ class RewardPool:
         return out
 
     def _replace(self, worker: int) -> None:
+        """A fresh worker in slot ``worker``; one that does not start is left there and
+        replaced again when its next batch fails."""
         with contextlib.suppress(Exception):
             ray.kill(self.workers[worker])
         self.workers[worker] = self._spawn()
-        ray.get(self.workers[worker].ready.remote(), timeout=START_TIMEOUT_S)
         self.replaced += 1
+        try:
+            ray.get(self.workers[worker].ready.remote(), timeout=START_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - scoring must go on
+            log.warning("replacement reward worker %d did not start: %r", worker, exc)
 
     def shutdown(self) -> None:
         for w in self.workers:

@@ -74,7 +74,16 @@ class RewardScorer:
             return []
         if not hasattr(component.fn, "score_batch"):
             return score_many(component.fn, items, self.timeout_s, self.concurrency)
-        # a batch scorer (a reward model): one call for the batch, with the timeout
+        # a batch scorer (a reward model): one call per chunk of its batch size, each with
+        # the timeout
+        size = getattr(component.fn, "batch_size", None) or len(items)
+        return [
+            outcome
+            for start in range(0, len(items), size)
+            for outcome in self._score_chunk(component, items[start : start + size])
+        ]
+
+    def _score_chunk(self, component: Component, items: list[Item]) -> list[RewardOutcome]:
         prompts, completions, metadatas = (list(column) for column in zip(*items, strict=True))
         call = _Call(
             lambda *args: component.fn.score_batch(*args), (prompts, completions, metadatas)

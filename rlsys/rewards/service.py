@@ -4,6 +4,9 @@ on their own actors."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from rlsys.config.reward import RewardConfig
 from rlsys.placement import ActorResources
 from rlsys.rewards.scorer import Component, Item, RewardScorer, merge
@@ -31,6 +34,10 @@ class RewardService:
                 model = [Component("model", self.models, cfg.model.weight)]
             if cfg.num_workers:
                 from rlsys.rewards.pool import RewardPool
+
+                if cfg.fn:  # the workers import it: pass a path that does not depend on cwd
+                    path, _, name = cfg.fn.rpartition(":")
+                    cfg = dataclasses.replace(cfg, fn=f"{Path(path).resolve()}:{name}")
 
                 self.pool = RewardPool(task_reward, cfg, worker_resources)
                 self.local = RewardScorer(model, cfg.timeout_s) if model else None

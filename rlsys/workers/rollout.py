@@ -133,14 +133,17 @@ class RolloutPool:
         seed: int | None = None,
         budgets: list[int] | None = None,
     ) -> ray.ObjectRef:
-        """Start generating ``prompts`` on worker ``worker``, seeded ``seed``, stop strings and
-        tokens defaulting to ``rollout.stop`` / ``rollout.stop_token_ids``; the ref resolves
-        to completions per prompt (see ``RolloutWorker.generate``)."""
+        """Start generating ``prompts`` on worker ``worker``, seeded ``seed``, with
+        ``rollout.stop`` / ``rollout.stop_token_ids`` added to the call's own stop strings and
+        tokens (an environment's); the ref resolves to completions per prompt (see
+        ``RolloutWorker.generate``)."""
         params = dataclasses.replace(
             sampling,
             seed=seed,
-            stop=list(sampling.stop or self.cfg.stop),
-            stop_token_ids=list(sampling.stop_token_ids or self.cfg.stop_token_ids),
+            stop=list(dict.fromkeys([*sampling.stop, *self.cfg.stop])),
+            stop_token_ids=list(
+                dict.fromkeys([*sampling.stop_token_ids, *self.cfg.stop_token_ids])
+            ),
         )
         return self.workers[worker].generate.remote(prompts, params, budgets)
 

@@ -20,6 +20,7 @@ FAST = [
     "rollout.n_samples=4",
     "algorithm.filter_uniform_groups=false",
     "checkpoint.every=0",
+    "rollout.num_cpus_per_worker=1",  # room beside the learner for the reward actors
 ]
 
 

@@ -176,6 +176,18 @@ def test_colocated_pools_split_their_share_of_the_cpus():
     assert disagg.rollout.num_cpus == cfg.rollout.num_cpus_per_worker
 
 
+def test_reward_pools_ask_for_their_own_cpus_beside_the_colocated_share():
+    cfg = load_config(["reward.num_workers=2", "reward.num_cpus_per_worker=0.25"])
+    roles = Roles.for_rl(cfg)
+    placement = plan_placement(cfg, roles)
+    assert placement.reward.num_cpus == 0.25  # not split: reward workers run all the time
+    assert placement.learner.num_cpus == cfg.learner.num_cpus_per_rank / 2  # learner, rollout
+    with pytest.raises(ConfigError, match="reward.num_cpus_per_worker"):
+        check_fits(cfg, total_cpus=2, total_gpus=0, roles=roles)  # 1 + 1 + 0.5 > 2
+    check_fits(cfg, total_cpus=2.5, total_gpus=0, roles=roles)
+    check_fits(cfg, total_cpus=2, total_gpus=0, roles=Roles())  # SFT starts no reward pools
+
+
 def test_custom_resources_pin_pools_and_must_be_advertised():
     cfg = load_config(
         [

@@ -71,8 +71,8 @@ def test_guess_number_game_and_its_binary_search_demonstration():
 
 
 class ScriptedEngine:
-    """Stands in for a rollout engine: replies with scripted texts, token per character, and
-    records what it was asked."""
+    """Stands in for a rollout engine: replies with scripted texts, token per character (a
+    trailing "$" becomes EOS), and records what it was asked."""
 
     def __init__(self, tok, replies: list[str]) -> None:
         self.tok, self.replies, self.calls = tok, list(replies), []
@@ -84,7 +84,8 @@ class ScriptedEngine:
             group = []
             for _ in range(sampling.n):
                 text = self.replies.pop(0)
-                ids = self.tok.encode(text, add_special_tokens=False)
+                ids = self.tok.encode(text.removesuffix("$"), add_special_tokens=False)
+                ids += [self.tok.eos_token_id] * text.endswith("$")
                 limit = budgets[i] if budgets else sampling.max_new_tokens
                 finish = "length" if len(ids) > limit else "stop"
                 ids = ids[:limit]
@@ -186,3 +187,39 @@ def test_word_problems_are_unique_deterministic_and_env_reward_needs_an_env():
     assert "calculator" in ENVS.names() and "guess_number" in ENVS.names()
     with pytest.raises(ConfigError, match="task.env.name"):
         TaskConfig(reward="env")
+
+
+def test_turn_end_is_decided_by_token_ids_and_failures_end_only_their_trajectory(tok):
+    runner = EpisodeRunner(Calculator(), tok, EnvConfig(max_turns=4, max_total_tokens=200))
+    prompt = Prompt(0, "q", "2")
+    # text after the stop string inside the stopping turn (as BPE tokens or vLLM may keep)
+    # still continues; a call followed by EOS ends the reply
+    engine = ScriptedEngine(tok, ["<call>calc 1+1</call>\n", "<call>calc 1+1</call>$", "2"])
+    [[a, b]] = runner.run([prompt], [[5]], SamplingParams(n=2, max_new_tokens=30), engine)
+    assert a.episode.turns == 2 and a.episode.correct and a.finish_reason == "stop"
+    assert b.episode.turns == 1 and b.episode.tool_calls == 1 and not b.episode.correct
+
+    class Broken:
+        stop = ["</call>"]
+
+        def __call__(self, prompt):
+            return self
+
+        def step(self, action):
+            raise RuntimeError("environment bug")
+
+    runner = EpisodeRunner(Broken(), tok, EnvConfig())
+    [[c]] = runner.run(
+        [prompt], [[5]], SamplingParams(max_new_tokens=8), ScriptedEngine(tok, ["x"])
+    )
+    assert c.episode.tool_errors == 1 and c.episode.turns == 1 and not c.episode.correct
+    # a trajectory cut by max_turns reports a length finish (overlong filtering sees it)
+    runner = EpisodeRunner(Calculator(), tok, EnvConfig(max_turns=1))
+    calls = ScriptedEngine(tok, ["<call>calc 1+1</call>"])
+    [[d]] = runner.run([prompt], [[5]], SamplingParams(max_new_tokens=30), calls)
+    assert d.finish_reason == "length" and d.episode.truncated
+
+
+def test_deeply_nested_json_calls_are_malformed_not_crashes():
+    with pytest.raises(ToolCallError):
+        find_call('<call>{"name": ' + "[" * 5000 + "</call>")

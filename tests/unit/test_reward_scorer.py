@@ -129,10 +129,12 @@ def test_reward_pool_scores_in_batches_and_replaces_a_stuck_worker(ray_cpu, user
     try:
         outs = pool.score([("p", "ok", {})] * 5)
         assert [o.reward for o in outs] == [1.0] * 5 and pool.replaced == 0
+        assert pool._next == 3  # batches went round robin, and the next call goes on from there
         outs = pool.score([("p", "hang", {}), ("p", "ok", {}), ("p", "ok", {})])
         # the hanging call times out inside the worker; its batch-mate still scores
         assert [o.reward for o in outs] == [0.0, 1.0, 1.0] and "timeout" in outs[0].error
         ray_cpu.kill(pool.workers[0])  # a worker that died: its batches score 0, replaced
+        pool._next = 0  # its batch first
         outs = pool.score([("p", "ok", {})] * 4)
         assert [o.reward for o in outs] == [0.0, 0.0, 1.0, 1.0] and pool.replaced == 1
         assert "reward worker 0" in outs[0].error and outs[0].errors == 1
