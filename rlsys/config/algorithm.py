@@ -45,11 +45,11 @@ class AlgorithmConfig:
     # data.batch_size groups have signal, drawing at most max_sampling_rounds x data.batch_size
     # prompts per step (counted over the run: a step that needed fewer leaves room for later).
     dynamic_sampling: bool = False
-    max_sampling_rounds: int = 4
+    max_sampling_rounds: int = 4  # dynamic sampling: prompts drawn per step, x data.batch_size
     # DAPO soft overlong punishment: the last overlong_buffer_frac of the generation budget
     # costs up to overlong_penalty reward (0: off; DAPO used 4096 of 20480 tokens = 0.2).
     overlong_buffer_frac: float = 0.0
-    overlong_penalty: float = 1.0
+    overlong_penalty: float = 1.0  # the largest overlong punishment (reward units)
     overlong_filter: bool = False  # DAPO overlong filtering: truncated samples get no loss
     # Correction for samples drawn by another policy than the learner's (older weights in
     # async training; the engine's numerics in any mode): none | tis (truncated importance
@@ -57,7 +57,7 @@ class AlgorithmConfig:
     # clip around the learner before the update, weight pi_old/pi_behaviour, tokens whose
     # weight exceeds off_policy_cap get none). See rlsys/algorithms/offpolicy.py.
     off_policy: str = "none"
-    off_policy_cap: float = 2.0
+    off_policy_cap: float = 2.0  # the importance-weight bound of tis / decoupled (>= 1)
 
     def __post_init__(self) -> None:
         one_of("algorithm.advantage", self.advantage, names.ADVANTAGE_ESTIMATORS)

@@ -154,6 +154,7 @@ class KubeRayConfig:
     # none). Keys missing from it, or the Secret itself, are skipped (optional), so one Secret
     # serves runs with and without a tracker.
     secret: str | None = "rlsys-tracking"
+    # Keys of that Secret passed on as env vars (each optional).
     secret_keys: list[str] = field(
         default_factory=lambda: ["WANDB_API_KEY", "WANDB_BASE_URL", "HF_TOKEN"]
     )

@@ -36,7 +36,7 @@ class RewardModelConfig:
     weight: float = 1.0  # weight of the (ensembled) score in the total reward
     num_cpus: float = 1.0  # per reward-model actor (also its torch thread count)
     num_gpus: float = 0.0  # per reward-model actor
-    dtype: str = "float32"
+    dtype: str = "float32"  # reward model weights: float32 | bfloat16 | float16
     batch_size: int = 32  # sequences per forward pass
     max_length: int = 512  # longer prompt + completion pairs are truncated from the left
 
@@ -66,7 +66,7 @@ class RewardConfig:
     timeout_s: float = 10.0  # per reward call; a timeout scores 0 and counts an error
     # Reward worker actors scoring batches of samples (0: threads of the controller process).
     num_workers: int = 0
-    num_cpus_per_worker: float = 1.0
+    num_cpus_per_worker: float = 1.0  # CPUs per reward worker actor (fractions allowed)
     batch_size: int = 16  # samples per call to a reward worker
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
