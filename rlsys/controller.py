@@ -58,8 +58,9 @@ from rlsys.elastic import ScalePlan
 from rlsys.faults import Restarts, nonfinite_streak
 from rlsys.pipeline import Pipeline
 from rlsys.pools import Pools
+from rlsys.sample_metrics import episode_metrics, reward_component_metrics
 from rlsys.tracking import Tracker
-from rlsys.types import RolloutGroup, Sample, SamplingParams, TrainBatch
+from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -573,30 +574,3 @@ def save_final_policy(pools: Pools, run_dir: Path) -> Path:
     path = run_dir / "checkpoints" / "final"
     pools.learner.save_hf(str(path))
     return path
-
-
-def reward_component_metrics(samples: list[Sample]) -> dict[str, float]:
-    """``reward/<name>``: the mean unweighted value of every reward component."""
-    names = {name for s in samples for name in s.reward_components}
-    return {
-        f"reward/{name}": float(np.mean([s.reward_components.get(name, 0.0) for s in samples]))
-        for name in sorted(names)
-    }
-
-
-def episode_metrics(samples: list[Sample]) -> dict[str, float]:
-    """``env/*``: turns, tool calls and errors, truncation and the environment's reward per
-    trajectory (multi-turn tasks only)."""
-    episodes = [s.completion.episode for s in samples if s.completion.episode is not None]
-    if not episodes:
-        return {}
-    trained = sum(sum(s.completion.trained()) for s in samples)
-    total = sum(len(s.completion.token_ids) for s in samples)
-    return {
-        "env/turns": float(np.mean([e.turns for e in episodes])),
-        "env/tool_calls": float(np.mean([e.tool_calls for e in episodes])),
-        "env/tool_errors": float(np.mean([e.tool_errors for e in episodes])),
-        "env/truncated_frac": float(np.mean([e.truncated for e in episodes])),
-        "env/reward": float(np.mean([e.reward for e in episodes])),
-        "env/model_token_frac": trained / total if total else 0.0,
-    }

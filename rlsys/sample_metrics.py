@@ -1,0 +1,35 @@
+"""Per-step metrics of scored samples beyond the basics: reward components and multi-turn
+episodes (the controller logs them with its rollout metrics)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlsys.types import Sample
+
+
+def reward_component_metrics(samples: list[Sample]) -> dict[str, float]:
+    """``reward/<name>``: the mean unweighted value of every reward component."""
+    names = {name for s in samples for name in s.reward_components}
+    return {
+        f"reward/{name}": float(np.mean([s.reward_components.get(name, 0.0) for s in samples]))
+        for name in sorted(names)
+    }
+
+
+def episode_metrics(samples: list[Sample]) -> dict[str, float]:
+    """``env/*``: turns, tool calls and errors, truncation and the environment's reward per
+    trajectory (multi-turn tasks only)."""
+    episodes = [s.completion.episode for s in samples if s.completion.episode is not None]
+    if not episodes:
+        return {}
+    trained = sum(sum(s.completion.trained()) for s in samples)
+    total = sum(len(s.completion.token_ids) for s in samples)
+    return {
+        "env/turns": float(np.mean([e.turns for e in episodes])),
+        "env/tool_calls": float(np.mean([e.tool_calls for e in episodes])),
+        "env/tool_errors": float(np.mean([e.tool_errors for e in episodes])),
+        "env/truncated_frac": float(np.mean([e.truncated for e in episodes])),
+        "env/reward": float(np.mean([e.reward for e in episodes])),
+        "env/model_token_frac": trained / total if total else 0.0,
+    }
