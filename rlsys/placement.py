@@ -168,6 +168,11 @@ def _share(cfg: TrainConfig, pools: list[PoolSpec]) -> int:
     return sum(p.name in TIME_SHARED for p in pools)
 
 
+def _split(pool: PoolSpec, share: int) -> int:
+    """What ``pool``'s per-actor request is divided by: the share if it time-shares, else 1."""
+    return share if pool.name in TIME_SHARED else 1
+
+
 def wants_gpus(cfg: TrainConfig, roles: Roles) -> bool:
     """Whether any pool of the run asks for GPUs."""
     return any(pool.gpus > 0 for pool in pool_specs(cfg, roles))
@@ -218,14 +223,14 @@ def check_fits(
             )
     share = _share(cfg, pools)
     if cfg.placement.mode == "colocated" and len(pools) > share:  # reward pools on top
-        asked = sum(p.count * p.cpus / (share if p.name in TIME_SHARED else 1) for p in pools)
+        asked = sum(p.count * p.cpus / _split(p, share) for p in pools)
         if asked > total_cpus + 1e-9:
             raise ConfigError(
                 f"the colocated pools and the reward pools ask Ray for {asked:g} CPUs but it "
                 f"has {total_cpus:g}; lower reward.num_cpus_per_worker / reward.model.num_cpus "
                 "(fractions such as 0.25 are allowed) or the pools' CPUs"
             )
-        asked = sum(p.count * p.gpus / (share if p.name in TIME_SHARED else 1) for p in pools)
+        asked = sum(p.count * p.gpus / _split(p, share) for p in pools)
         if asked > total_gpus + 1e-9:
             raise ConfigError(
                 f"the colocated pools and the reward models ask Ray for {asked:g} GPUs but it "
@@ -253,7 +258,7 @@ def plan_placement(cfg: TrainConfig, roles: Roles) -> Placement:
 
     def resources(pool: PoolSpec) -> ActorResources:
         # custom resources pin a pool to node groups: asked for as given, never shared
-        split = share if pool.name in TIME_SHARED else 1
+        split = _split(pool, share)
         return ActorResources(
             pool.cpus / split, pool.gpus / split, max(1, int(pool.cpus)), dict(pool.resources)
         )

@@ -41,9 +41,10 @@ class RolloutLoop(Loop):
     only end aborted when the run stops. ``greedy_baseline`` (ReMax) adds one greedy reply
     per prompt. With ``episodes`` (a multi-turn task) every sample is a trajectory: model
     turns alternate with the environment's observations, one generation call per turn for
-    the trajectories still going. A generation call that fails is retried once ``replace_worker`` reports the
-    worker replaced (a dead process restarted with the current weights); the request keeps
-    its reservation, so its prompts are neither lost nor counted twice."""
+    the trajectories still going. A generation call that fails is retried once
+    ``replace_worker`` reports the worker replaced (a dead process restarted with the current
+    weights); the request keeps its reservation, so its prompts are neither lost nor counted
+    twice."""
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rlsys.config.reward import RewardConfig
 from rlsys.rewards.registry import RewardFn, build_reward
-from rlsys.rewards.scoring import RewardOutcome, _Call, outcome_of, score_many
+from rlsys.rewards.scoring import RewardCall, RewardOutcome, outcome_of, score_many
 from rlsys.rewards.user import load_user_reward
 
 Item = tuple[str, str, dict]  # (prompt, completion, metadata)
@@ -85,7 +85,7 @@ class RewardScorer:
 
     def _score_chunk(self, component: Component, items: list[Item]) -> list[RewardOutcome]:
         prompts, completions, metadatas = (list(column) for column in zip(*items, strict=True))
-        call = _Call(
+        call = RewardCall(
             lambda *args: component.fn.score_batch(*args), (prompts, completions, metadatas)
         )
         call.start()

@@ -44,7 +44,7 @@ async def _await(awaitable):
     return await awaitable
 
 
-class _Call(threading.Thread):
+class RewardCall(threading.Thread):
     """One reward call on a daemon thread, holding its result or exception."""
 
     def __init__(self, fn: RewardFn, args: tuple) -> None:
@@ -82,7 +82,7 @@ def score_many(
     each given ``timeout_s``; never raises."""
     outcomes: list[RewardOutcome] = []
     for start in range(0, len(items), concurrency):
-        calls = [_Call(fn, item) for item in items[start : start + concurrency]]
+        calls = [RewardCall(fn, item) for item in items[start : start + concurrency]]
         for call in calls:
             call.start()
         deadline = time.monotonic() + timeout_s
