@@ -1,4 +1,4 @@
-"""The commands behind the CLI: train, sft and eval, wired from one validated config."""
+"""The commands behind the CLI: train, sft, rm, dpo and eval, wired from one validated config."""
 
 from __future__ import annotations
 
@@ -255,6 +255,184 @@ def sft(cfg: TrainConfig) -> Path:
         run_dir,
         {
             **info,
+            "run_dir": str(run_dir),
+            "final_model": str(final),
+            "total_wall_s": time.perf_counter() - started,
+        },
+    )
+
+
+def _starting_model(cfg: TrainConfig, tokenizer, task: TaskSplits, run_dir: Path):
+    """The model preference training starts from: ``model.path``, warm-started first when
+    ``warm_start.enabled`` (the SFT stage, cached as for ``rlsys train``)."""
+    base = resolve_model_path(cfg.model)
+    if cfg.warm_start.enabled:
+        return warm_start(cfg, base, tokenizer, task, run_dir)
+    return base, None
+
+
+def _load_pairs(cfg: TrainConfig, task: TaskSplits, generate, tokenizer):
+    """``preference.*``'s pairs; synthetic pairs with ``synthetic_rejected=policy`` sample
+    their rejected replies through ``generate`` (the starting model's rollout pool)."""
+    from rlsys.data.preferences import load_pairs, policy_mistakes
+    from rlsys.types import SamplingParams
+
+    pref = cfg.preference
+    if pref.train_path or pref.synthetic_rejected != "policy":
+        return load_pairs(pref, task, cfg.run.seed), None
+    sampling = SamplingParams(
+        n=pref.samples_per_prompt,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_new_tokens=task.max_new_tokens,
+    )
+    collector = RolloutCollector.for_task(generate, tokenizer, cfg.task, cfg.reward)
+    sample_wrong, found = policy_mistakes(collector, sampling, cfg.run.seed)
+    log.info(
+        "preference pairs: sampling %d replies per prompt from the starting model for the "
+        "rejected side",
+        pref.samples_per_prompt,
+    )
+    splits = load_pairs(pref, task, cfg.run.seed, sample_wrong)
+    return splits, found
+
+
+def _pairs(cfg: TrainConfig, tokenizer, task: TaskSplits, encode, generate=None):
+    """Training and held-out pairs of ``preference.*``, packed with ``encode``."""
+    from rlsys.data.preferences import pack_pairs
+
+    splits, sampled = _load_pairs(cfg, task, generate, tokenizer)
+    pad, limit = tokenizer.pad_token_id, cfg.preference.max_length
+    train = pack_pairs(splits.train, encode, pad, limit)
+    evals = pack_pairs(splits.eval, encode, pad, limit)
+    info = {
+        **splits.summary(),
+        "train_pairs": len(train.kept),
+        "eval_pairs": len(evals.kept),
+        "skipped_too_long": train.skipped_too_long + evals.skipped_too_long,
+    }
+    if sampled is not None:  # how many rejected replies are the policy's own mistakes
+        info["policy_mistake_frac"] = sampled["with_mistake"] / max(1, sampled["prompts"])
+    log.info(
+        "preference pairs (%s): %d train / %d held out; skipped %d malformed rows and %d "
+        "pairs over preference.max_length=%d",
+        info["source"],
+        info["train_pairs"],
+        info["eval_pairs"],
+        info["skipped_malformed_rows"],
+        info["skipped_too_long"],
+        limit,
+    )
+    return train, evals, info
+
+
+def rm(cfg: TrainConfig) -> Path:
+    """``rlsys rm``: train a reward model on preference pairs; it lands in
+    ``checkpoints/final`` as a sequence-classification model for ``reward.model.paths``."""
+    from rlsys.data.preferences import reward_model_rows
+    from rlsys.placement import plan_placement
+    from rlsys.rm import run_rm
+    from rlsys.workers.learner import LearnerGroup
+    from rlsys.workers.rollout import RolloutPool
+
+    started = time.perf_counter()
+    preflight(cfg, Roles())
+    run_dir = make_run_dir(cfg, "rm")
+    log.info("run directory: %s", run_dir)
+    connect_ray(cfg, Roles())
+    tokenizer = load_tokenizer(resolve_model_path(cfg.model))
+    task = _screened_task(cfg, tokenizer)
+    start, warm = _starting_model(cfg, tokenizer, task, run_dir)
+    placement = plan_placement(cfg, Roles())
+    rollout = None
+    if not cfg.preference.train_path and cfg.preference.synthetic_rejected == "policy":
+        rollout = RolloutPool(cfg.rollout, placement.rollout, start, cfg.model.dtype)
+    try:
+        train, evals, data = _pairs(
+            cfg,
+            tokenizer,
+            task,
+            reward_model_rows(tokenizer, cfg.task.chat_template),
+            rollout.generate if rollout is not None else None,
+        )
+    finally:
+        if rollout is not None:
+            rollout.shutdown()  # before the reward model's learners take the CPUs
+    learner = LearnerGroup(
+        cfg.learner, placement.learner, start, cfg.model.dtype, 1.0, role="reward"
+    )
+    tracker = Tracker(run_dir, cfg.tracking, run_dir.name, _plain(cfg), cfg.rm.max_steps, "rm ")
+    final = run_dir / "checkpoints" / "final"
+    try:
+        result = run_rm(cfg.rm, learner, train, evals, cfg.run.seed, tracker)
+        learner.save_hf(str(final))
+    finally:
+        tracker.close()
+        learner.shutdown()
+    log.info(
+        "reward model: held-out pairwise accuracy %.3f -> %.3f; use it with "
+        "reward.model.paths=[%s]",
+        result.eval_pairwise_accuracy_before,
+        result.eval_pairwise_accuracy,
+        final,
+    )
+    return write_summary(
+        run_dir,
+        {
+            **dataclasses.asdict(result),
+            "data": data,
+            "initial_model": start,
+            "warm_start": warm,
+            "run_dir": str(run_dir),
+            "final_model": str(final),
+            "total_wall_s": time.perf_counter() - started,
+        },
+    )
+
+
+def dpo(cfg: TrainConfig) -> Path:
+    """``rlsys dpo``: DPO / IPO / conservative DPO of the policy on preference pairs; the
+    policy lands in ``checkpoints/final``."""
+    from rlsys.data.preferences import policy_rows
+    from rlsys.dpo import run_dpo
+    from rlsys.pools import start_pools
+
+    started = time.perf_counter()
+    preflight(cfg, Roles())
+    run_dir = make_run_dir(cfg, "dpo")
+    log.info("run directory: %s", run_dir)
+    connect_ray(cfg, Roles())
+    tokenizer = load_tokenizer(resolve_model_path(cfg.model))
+    task = _screened_task(cfg, tokenizer)
+    start, warm = _starting_model(cfg, tokenizer, task, run_dir)
+    pools = start_pools(cfg, start, Roles(), temperature=1.0)
+    tracker = Tracker(run_dir, cfg.tracking, run_dir.name, _plain(cfg), cfg.dpo.max_steps, "dpo ")
+    final = run_dir / "checkpoints" / "final"
+    try:
+        collector = _collector(cfg, pools, tokenizer)
+        train, evals, data = _pairs(cfg, tokenizer, task, policy_rows(collector), pools.generate)
+        result = run_dpo(
+            cfg.dpo,
+            pools,
+            collector,
+            train,
+            evals,
+            task.eval[: cfg.eval.num_prompts],
+            cfg.eval.max_new_tokens or task.max_new_tokens,
+            cfg.run.seed,
+            tracker,
+        )
+        pools.learner.save_hf(str(final))
+    finally:
+        tracker.close()
+        pools.shutdown()
+    return write_summary(
+        run_dir,
+        {
+            **dataclasses.asdict(result),
+            "data": data,
+            "initial_model": start,
+            "warm_start": warm,
             "run_dir": str(run_dir),
             "final_model": str(final),
             "total_wall_s": time.perf_counter() - started,

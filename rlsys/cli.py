@@ -1,10 +1,10 @@
-"""The ``rlsys`` command: ``rlsys <train|sft|eval|submit> [--cfg job] [key=value ...]``.
+"""The ``rlsys`` command: ``rlsys <train|sft|rm|dpo|eval|submit> [--cfg job] [key=value ...]``.
 
 Overrides are Hydra overrides (``learner.world_size=1``, ``algorithm=grpo``). The config is
 validated before anything heavy is imported or started, so a bad key fails in about a second.
 ``rlsys submit launcher=<ray_job|kuberay|slurm>`` sends ``rlsys train`` with the same
 overrides to a cluster; ``status`` / ``stop`` follow the job; ``scale`` resizes a running
-run's rollout pool.
+run's rollout pool; ``report`` plots a run's metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sys
 COMMANDS = {
     "train": "RL training (warm start, GRPO on Ray, evals); prints the summary.json path",
     "sft": "supervised fine-tuning on the learner backend",
+    "rm": "train a Bradley-Terry reward model on preference pairs (for reward.model.paths)",
+    "dpo": "DPO / IPO / conservative DPO of the policy on preference pairs",
     "eval": "greedy held-out accuracy of model.path on task",
 }
 EXPORT_HELP = "write a checkpoint's policy as a Hugging Face directory (no Ray, no learners)"
@@ -26,6 +28,7 @@ JOB_COMMANDS = {
     "stop": "stop a submitted job (the run checkpoints on SIGTERM)",
 }
 SCALE_HELP = "resize a running run's rollout pool: rlsys scale RUN_DIR rollout=N"
+REPORT_HELP = "plot a run's metrics.jsonl: RUN_DIR/report/index.html and a PNG per panel"
 
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: the shell's code for "terminated", so schedulers requeue
@@ -55,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help=EXPORT_HELP, description=EXPORT_HELP)
     export.add_argument("checkpoint", help="a run's checkpoints/step_<N> (or its policy/)")
     export.add_argument("out_dir", help="where the Hugging Face directory goes")
+    report = sub.add_parser("report", help=REPORT_HELP, description=REPORT_HELP)
+    report.add_argument("run_dir", help="the run's directory (it holds metrics.jsonl)")
     return parser
 
 
@@ -77,6 +82,17 @@ def _scale(run_dir: str, targets: list[str]) -> int:
         print(request_scale(run_dir, targets))
     except ScaleError as exc:
         print(f"rlsys scale: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _report(run_dir: str) -> int:
+    from rlsys.report import ReportError, write_report
+
+    try:
+        print(f"report: {write_report(run_dir)}")
+    except ReportError as exc:
+        print(f"rlsys report: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -107,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return _export(args.checkpoint, args.out_dir)
     if args.command == "scale":
         return _scale(args.run_dir, args.targets)
+    if args.command == "report":
+        return _report(args.run_dir)
     from rlsys.config import ConfigError
     from rlsys.config.loader import load_config, to_yaml
 
@@ -149,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return PREEMPTED_EXIT
-        elif args.command == "sft":
-            print(f"summary: {app.sft(cfg)}")
+        elif args.command in ("sft", "rm", "dpo"):
+            print(f"summary: {getattr(app, args.command)(cfg)}")
         else:
             print(json.dumps(app.evaluate(cfg), indent=2))
     except ConfigError as exc:

@@ -58,7 +58,7 @@ from rlsys.elastic import ScalePlan
 from rlsys.faults import Restarts, nonfinite_streak
 from rlsys.pipeline import Pipeline
 from rlsys.pools import Pools
-from rlsys.sample_metrics import episode_metrics, reward_component_metrics
+from rlsys.sample_metrics import episode_metrics, reward_component_metrics, sample_rows
 from rlsys.tracking import Tracker
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
 
@@ -221,6 +221,8 @@ class Controller(Recoverable, Elastic):
             )
         metrics = self._rollout_metrics()
         metrics.update(self._batch_metrics(kept))
+        if kept and self.tracker.samples_due(step):
+            self.tracker.log_samples(step, sample_rows(kept, self.cfg.tracking.sample_table_rows))
         moved = False
         with self._weights_lock:
             if kept:

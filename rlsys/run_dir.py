@@ -29,10 +29,10 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
     return path
 
 
-def trim_metrics(run_dir: Path, last_step: int) -> int:
-    """Drop ``metrics.jsonl`` records after ``last_step`` (a resumed run logs those steps
-    again); returns how many were dropped."""
-    path = run_dir / "metrics.jsonl"
+def trim_metrics(run_dir: Path, last_step: int, name: str = "metrics.jsonl") -> int:
+    """Drop records after ``last_step`` from ``name`` (``metrics.jsonl``, ``samples.jsonl``:
+    a resumed run logs those steps again); returns how many were dropped."""
+    path = run_dir / name
     if not path.exists():
         return 0
     kept, dropped = [], 0

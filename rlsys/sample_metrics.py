@@ -1,11 +1,11 @@
 """Per-step metrics of scored samples beyond the basics: reward components and multi-turn
-episodes (the controller logs them with its rollout metrics)."""
+episodes (the controller logs them with its rollout metrics); rows of the sample tables."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rlsys.types import Sample
+from rlsys.types import RolloutGroup, Sample
 
 
 def reward_component_metrics(samples: list[Sample]) -> dict[str, float]:
@@ -33,3 +33,23 @@ def episode_metrics(samples: list[Sample]) -> dict[str, float]:
         "env/reward": float(np.mean([e.reward for e in episodes])),
         "env/model_token_frac": trained / total if total else 0.0,
     }
+
+
+def sample_rows(groups: list[RolloutGroup], rows: int) -> list[dict]:
+    """Up to ``rows`` samples for a sample table, one per group in order (then a second one
+    per group, ...): the prompt, its answer, the decoded response, reward and verdict."""
+    picked: list[Sample] = []
+    for depth in range(max((len(g.samples) for g in groups), default=0)):
+        if len(picked) >= rows:
+            break
+        picked += [g.samples[depth] for g in groups if depth < len(g.samples)]
+    return [
+        {
+            "prompt": s.prompt.text,
+            "answer": s.prompt.answer,
+            "response": s.text,
+            "reward": float(s.reward),
+            "correct": bool(s.correct),
+        }
+        for s in picked[:rows]
+    ]

@@ -18,6 +18,7 @@ from rlsys.data.collate import pack
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.pools import Pools
+from rlsys.progress import Progress
 from rlsys.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def run_sft(
     eval_prompts = task.eval[: cfg.eval_prompts]
     started = time.perf_counter()
     accuracy, step = 0.0, 0
+    progress = Progress(cfg.max_steps, start_step=0)  # the warm start's own progress lines
     for step in range(1, cfg.max_steps + 1):
         prompts, prompt_ids = collector.encode(sampler.next_batch())
         targets = [collector.demonstration(p) for p in prompts]  # (ids, loss mask) each
@@ -75,11 +77,12 @@ def run_sft(
                 tracker.log(step, metrics)
             elif done or step % (5 * cfg.eval_every) == 0:  # warm start: console progress
                 log.info(
-                    "sft step %d/%d: loss %.4f, eval accuracy %.3f",
+                    "sft step %d/%d: loss %.4f, eval accuracy %.3f (%s at most)",
                     step,
                     cfg.max_steps,
                     metrics["sft/loss"],
                     accuracy,
+                    progress.text(step),
                 )
         if done:
             break

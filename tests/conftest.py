@@ -103,3 +103,20 @@ def run_controller(ray_cpu, tiny_model_dir, tmp_path):
         return summary, [r for r in map(json.loads, lines) if r["step"] > 0]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def glossary():
+    """docs/metrics.md's keys (``.keys``) and ``covers(key)``: whether it documents ``key``,
+    exactly or by a pattern such as ``reward/<name>``."""
+    import re
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    keys = re.findall(r"^\| `([^`]+)` \|", text, flags=re.MULTILINE)
+    patterns = [
+        re.compile("".join("[^/]+" if p.startswith("<") else re.escape(p) for p in parts))
+        for parts in (re.split(r"(<[^>]+>)", key) for key in keys)
+    ]
+    return SimpleNamespace(keys=keys, covers=lambda key: any(p.fullmatch(key) for p in patterns))

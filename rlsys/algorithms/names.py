@@ -21,3 +21,4 @@ LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_PENALTIES = ("loss", "reward")
 OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled")
+PREFERENCE_LOSSES = ("dpo", "ipo", "cdpo")  # dpo.loss

@@ -23,6 +23,7 @@ from rlsys.algorithms.losses import (
     value_loss,
 )
 from rlsys.algorithms.names import POLICY_LOSSES
+from rlsys.algorithms.preference import bradley_terry_loss, dpo_loss, spread_over_pairs
 
 Tensors = dict[str, torch.Tensor]
 
@@ -32,6 +33,7 @@ class Objective(Protocol):
 
     loss_agg: str  # see losses.loss_weights
     loss_agg_norm: float | None  # seq_sum_norm's constant
+    rows_per_group: int  # rows that must share a micro-batch (2: preference pairs)
 
     @property
     def entropy_grad(self) -> bool:
@@ -56,6 +58,7 @@ class PolicyObjective:
     entropy_coef: float = 0.0
     loss_agg: str = "token_mean"  # see losses.loss_weights
     loss_agg_norm: float | None = None  # seq_sum_norm's constant
+    rows_per_group: int = 1
 
     @property
     def entropy_grad(self) -> bool:
@@ -107,6 +110,7 @@ class ValueObjective:
     loss_agg: str = "token_mean"
     loss_agg_norm: float | None = None
     entropy_grad: bool = False
+    rows_per_group: int = 1
 
     def __call__(self, out: Tensors, batch: Tensors):
         return value_loss(out["values"], batch["values"], batch["returns"], self.clip)
@@ -119,6 +123,72 @@ class SFTObjective:
     loss_agg: str = "token_mean"
     loss_agg_norm: float | None = None
     entropy_grad: bool = False
+    rows_per_group: int = 1
 
     def __call__(self, out: Tensors, batch: Tensors):
         return nll_loss(out["logprobs"]), {}
+
+
+def _pairs(per_row: torch.Tensor, mask: torch.Tensor):
+    """(chosen, rejected) halves of a per-row value, rows 2i / 2i+1 being pair i; None for
+    the backend's one-row dummy micro-batch (a rank with no rows)."""
+    if per_row.shape[0] % 2:
+        return None
+    return per_row[0::2], per_row[1::2]
+
+
+def _pair_loss(loss: torch.Tensor, metrics: Tensors, mask: torch.Tensor):
+    return spread_over_pairs(loss, mask), {
+        k: spread_over_pairs(v, mask) for k, v in metrics.items()
+    }
+
+
+def _nothing(per_row: torch.Tensor, mask: torch.Tensor):
+    """A zero loss still attached to the graph, so a dummy micro-batch takes part in the
+    backward collectives."""
+    return torch.zeros_like(mask) + 0.0 * per_row.sum(), {}
+
+
+@dataclass(frozen=True)
+class RewardModelObjective:
+    """Bradley-Terry loss of a reward model on (chosen, rejected) rows; see
+    ``preference.bradley_terry_loss``. ``out["scores"]`` is one score per row."""
+
+    loss_agg: str = "seq_mean_token_mean"  # with spread_over_pairs: the mean over pairs
+    loss_agg_norm: float | None = None
+    entropy_grad: bool = False
+    rows_per_group: int = 2
+
+    def __call__(self, out: Tensors, batch: Tensors):
+        scores, mask = out["scores"], batch["loss_mask"]
+        pairs = _pairs(scores, mask)
+        if pairs is None:
+            return _nothing(scores, mask)
+        return _pair_loss(*bradley_terry_loss(*pairs), mask)
+
+
+@dataclass(frozen=True)
+class DPOObjective:
+    """DPO / IPO / conservative DPO on (chosen, rejected) rows, from the policy's response
+    log-probabilities and the batch's cached ``ref_logprobs``; see ``preference.dpo_loss``."""
+
+    beta: float = 0.1
+    variant: str = "dpo"
+    label_smoothing: float = 0.0
+    loss_agg: str = "seq_mean_token_mean"  # with spread_over_pairs: the mean over pairs
+    loss_agg_norm: float | None = None
+    entropy_grad: bool = False
+    rows_per_group: int = 2
+
+    def __call__(self, out: Tensors, batch: Tensors):
+        mask = batch["loss_mask"]
+        policy = (out["logprobs"] * mask).sum(-1)
+        reference = (batch["ref_logprobs"] * mask).sum(-1)
+        pairs = _pairs(policy, mask)
+        if pairs is None:
+            return _nothing(policy, mask)
+        ref_chosen, ref_rejected = _pairs(reference, mask)
+        loss, metrics = dpo_loss(
+            *pairs, ref_chosen, ref_rejected, self.beta, self.variant, self.label_smoothing
+        )
+        return _pair_loss(loss, metrics, mask)

@@ -30,7 +30,7 @@ from rlsys.checkpoint import fsync_tree
 from rlsys.config.learner import OptimConfig
 from rlsys.models.loading import load_model
 from rlsys.models.logprobs import greedy_next_tokens, token_logprobs
-from rlsys.models.value import load_value_model, token_values
+from rlsys.models.value import load_score_model, load_value_model, sequence_scores, token_values
 from rlsys.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -44,12 +44,14 @@ _TENSOR_FIELDS = (
     "returns",
     "is_weights",
 )
-ROLES = ("policy", "value")
+ROLES = ("policy", "value", "reward")
 
 
 class TrainingBackend(ABC):
     """One rank of a data-parallel model and its optimizer: the policy (``role="policy"``,
-    log-probabilities) or a critic (``role="value"``, a value head on the same decoder).
+    log-probabilities), a critic (``role="value"``, a value head on the same decoder) or a
+    reward model being trained (``role="reward"``, a sequence-classification model: one
+    score per sequence).
 
     A subclass's constructor sets ``model`` and ``module``; it implements the abstract
     methods."""
@@ -87,8 +89,8 @@ class TrainingBackend(ABC):
 
     def _load_module(self) -> torch.nn.Module:
         """The role's model from ``model_path`` in ``dtype``, on the CPU."""
-        loader = load_model if self.role == "policy" else load_value_model
-        return loader(self.model_path, self.dtype)
+        loader = {"policy": load_model, "value": load_value_model, "reward": load_score_model}
+        return loader[self.role](self.model_path, self.dtype)
 
     # ---- what a backend implements ------------------------------------------------------
 
@@ -171,7 +173,7 @@ class TrainingBackend(ABC):
 
     @torch.no_grad()
     def _map_rows(self, batch: TrainBatch, fn: Callable) -> tuple[np.ndarray, np.ndarray]:
-        """Apply ``fn(tensors) -> (rows, T-1) tensor`` to this rank's rows, micro-batch-wise."""
+        """Apply ``fn(tensors) -> (rows, ...) tensor`` to this rank's rows, micro-batch-wise."""
         self.model.eval()
         rows_out, chunks = [np.zeros(0, dtype=np.int64)], []
         for rows in forward_plan(len(batch), self.world_size, self.rank, self.micro):
@@ -198,6 +200,12 @@ class TrainingBackend(ABC):
             batch, lambda t: token_values(self.model, t["input_ids"], t["attention_mask"])
         )
 
+    def forward_scores(self, batch: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's rows and their (rows,) sequence scores (reward models only)."""
+        return self._map_rows(
+            batch, lambda t: sequence_scores(self.model, t["input_ids"], t["attention_mask"])
+        )
+
     def greedy_tokens(self, batch: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
         """This rank's rows and the argmax next token at every position, (rows, T-1)."""
         return self._map_rows(
@@ -208,6 +216,8 @@ class TrainingBackend(ABC):
         """What the objective sees for one micro-batch."""
         if self.role == "value":
             return {"values": token_values(self.model, t["input_ids"], t["attention_mask"])}
+        if self.role == "reward":
+            return {"scores": sequence_scores(self.model, t["input_ids"], t["attention_mask"])}
         logprobs, entropy = token_logprobs(
             self.model, t["input_ids"], t["attention_mask"], self.temperature, entropy_grad
         )
@@ -238,6 +248,7 @@ class TrainingBackend(ABC):
                 num_mini_batches,
                 self.micro,
                 seed + epoch,
+                objective.rows_per_group,
             )
             for plan in plans:
                 self._zero_grad()
@@ -325,20 +336,26 @@ class TrainingBackend(ABC):
         return list(self.module.named_parameters()) + buffers
 
     def save_hf(self, path: str) -> None:
-        """Write the policy as a Hugging Face directory (rank 0 writes; all ranks gather)."""
+        """Write the policy (or reward model) as a Hugging Face directory (rank 0 writes; all
+        ranks gather); a critic has no Hugging Face form."""
+        if self.role == "value":
+            raise ValueError("a critic (role=value) has no Hugging Face form; save a checkpoint")
         state = {}
         for bucket in self.iter_weight_buckets(1 << 30):
             state.update(bucket)
         if self.rank == 0:
             from transformers import AutoTokenizer
 
-            model = load_model(self.model_path, self.dtype)
+            model = self._load_module()
             model.load_state_dict(state, strict=False)
             out = Path(path)
             if out.exists():
                 shutil.rmtree(out)
             model.save_pretrained(out)
-            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(out)
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            if self.role == "reward":  # how RewardModelWorker pads: see load_reward_model
+                tokenizer.padding_side = "right"
+            tokenizer.save_pretrained(out)
         dist.barrier()
 
     # ---- checkpoints ----------------------------------------------------------------------

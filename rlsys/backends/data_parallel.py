@@ -41,19 +41,35 @@ def train_plan(
     num_mini_batches: int,
     micro: int,
     seed: int,
+    group: int = 1,
 ) -> list[MiniBatchPlan]:
     """Shuffle rows, cut them into mini-batches, and give each rank its share of each.
 
-    Mini-batches without a loss token (more mini-batches than rows) are left out, so the
-    backend never takes an optimizer step on nothing.
+    ``group`` consecutive rows move together (a preference pair's chosen and rejected rows,
+    ``group=2``): they are shuffled as a unit and never split between ranks or
+    micro-batches, which then hold ``max(1, micro // group)`` groups. Mini-batches without a
+    loss token (more mini-batches than rows) are left out, so the backend never takes an
+    optimizer step on nothing.
     """
-    order = np.random.default_rng(seed).permutation(loss_mask.shape[0])
+    rows = loss_mask.shape[0]
+    if rows % group:
+        raise ValueError(f"{rows} rows do not split into groups of {group}")
+    order = np.random.default_rng(seed).permutation(rows // group)
     plans = []
     for mini in np.array_split(order, num_mini_batches):
-        tokens = float(loss_mask[mini].sum())
+        mini_rows = _expand(mini, group)
+        tokens = float(loss_mask[mini_rows].sum())
         if tokens == 0:  # nothing to learn: no optimizer step (the same on every rank)
             continue
-        seqs = float((loss_mask[mini].sum(-1) > 0).sum())
-        rank_rows = np.array_split(np.sort(mini), world_size)
-        plans.append(MiniBatchPlan(_equal_micro_batches(rank_rows, rank, micro), tokens, seqs))
+        seqs = float((loss_mask[mini_rows].sum(-1) > 0).sum())
+        rank_groups = np.array_split(np.sort(mini), world_size)
+        micro_groups = _equal_micro_batches(rank_groups, rank, max(1, micro // group))
+        plans.append(MiniBatchPlan([_expand(g, group) for g in micro_groups], tokens, seqs))
     return plans
+
+
+def _expand(groups: np.ndarray, group: int) -> np.ndarray:
+    """Row indices of ``groups`` (each ``group`` consecutive rows), in order."""
+    if group == 1:
+        return groups
+    return (groups[:, None] * group + np.arange(group)).reshape(-1)

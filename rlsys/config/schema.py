@@ -18,6 +18,7 @@ from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.launch import LauncherConfig
 from rlsys.config.learner import CriticConfig, LearnerConfig
+from rlsys.config.preference import DPOConfig, PreferenceDataConfig, RMConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 from rlsys.config.reward import RewardConfig
 
@@ -403,14 +404,29 @@ class TrackingConfig:
     wandb_project: str = "rlsys"  # wandb project name
     wandb_mode: str = "offline"  # offline | online
     tensorboard: bool = False  # write <run_dir>/tensorboard event files
+    mlflow: bool = False  # log params (the flattened config), metrics and sample tables to MLflow
+    # MLflow tracking URI (a server, or a database such as sqlite:///path/mlflow.db); null: an
+    # offline store in <run_dir>/mlflow.db with artifacts in <run_dir>/mlartifacts
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str = "rlsys"  # MLflow experiment name (created when missing)
+    # Every K steps a table of the step's training samples (prompt, answer, response, reward,
+    # correct) goes to <run_dir>/samples.jsonl and each enabled tracker (0: never)
+    sample_table_every: int = 25
+    sample_table_rows: int = 8  # samples per table, one per prompt in batch order
 
     def __post_init__(self) -> None:
         one_of("tracking.wandb_mode", self.wandb_mode, ("offline", "online"))
+        non_negative("tracking.sample_table_every", self.sample_table_every)
+        positive("tracking.sample_table_rows", self.sample_table_rows)
+        if not self.mlflow_experiment:
+            raise ConfigError(
+                "tracking.mlflow_experiment is empty; set it to an experiment name, e.g. rlsys"
+            )
 
 
 @dataclass
 class TrainConfig:
-    """Root config of ``rlsys train`` / ``sft`` / ``eval``."""
+    """Root config of ``rlsys train`` / ``sft`` / ``rm`` / ``dpo`` / ``eval``."""
 
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -431,6 +447,9 @@ class TrainConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    preference: PreferenceDataConfig = field(default_factory=PreferenceDataConfig)  # rm / dpo
+    rm: RMConfig = field(default_factory=RMConfig)  # `rlsys rm` only
+    dpo: DPOConfig = field(default_factory=DPOConfig)  # `rlsys dpo` only
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)  # `rlsys submit` only

@@ -123,10 +123,12 @@ def _default_max_new_tokens(cfg: TaskConfig) -> int:
     return max(_answer_width(op, cfg.digits) for op in cfg.operators) + 1
 
 
-def _read_rows(path: str) -> list[dict]:
+def read_rows(path: str, key: str = "task.train_path/eval_path") -> list[dict]:
+    """The rows of a .jsonl or .parquet file (``key``: the config key that named it); a
+    jsonl line that does not parse becomes ``{}``, for the caller to count as malformed."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"dataset file {path!r} does not exist (task.train_path/eval_path)")
+        raise FileNotFoundError(f"dataset file {path!r} does not exist ({key})")
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -141,7 +143,7 @@ def _read_rows(path: str) -> list[dict]:
                     except json.JSONDecodeError:
                         rows.append({})  # counted as malformed below
         return rows
-    raise ValueError(f"dataset file {path!r}: use .jsonl or .parquet")
+    raise ValueError(f"dataset file {path!r} ({key}): use .jsonl or .parquet")
 
 
 def _rows_to_prompts(rows: list[dict], cfg: TaskConfig, uid0: int) -> tuple[list[Prompt], int]:
@@ -158,9 +160,9 @@ def _rows_to_prompts(rows: list[dict], cfg: TaskConfig, uid0: int) -> tuple[list
 
 def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     """Prompts from jsonl/parquet; without ``eval_path`` the eval split is held out of train."""
-    train, skipped = _rows_to_prompts(_read_rows(cfg.train_path), cfg, 0)
+    train, skipped = _rows_to_prompts(read_rows(cfg.train_path), cfg, 0)
     if cfg.eval_path:
-        evals, more = _rows_to_prompts(_read_rows(cfg.eval_path), cfg, len(train))
+        evals, more = _rows_to_prompts(read_rows(cfg.eval_path), cfg, len(train))
         skipped += more
     else:
         order = np.random.default_rng(seed).permutation(len(train))

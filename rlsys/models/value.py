@@ -1,4 +1,5 @@
-"""The critic's model: a causal LM's decoder with a scalar value head."""
+"""Scalar heads on a decoder: the critic's value model (a value per position) and a reward
+model in training (a Hugging Face sequence-classification model: one score per sequence)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,52 @@ def token_values(model: ValueModel, input_ids: torch.Tensor, attention_mask: tor
     """(B, T-1) values aligned with log-probabilities: entry t is V of the prefix that
     predicts token t+1."""
     return model(input_ids, attention_mask)[:, :-1]
+
+
+def load_score_model(path: str, dtype: str = "float32"):
+    """A one-score sequence-classification model from ``path``: a reward model directory as
+    it is, or a causal LM (e.g. the SFT policy) with a fresh score head, as InstructGPT
+    initialises its reward model. The pad token is set, so the head finds each sequence's
+    last real token."""
+    import warnings
+
+    from transformers import AutoModelForSequenceClassification
+
+    from rlsys.models.loading import _DTYPES, load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    try:
+        # a fresh head is initialised from a fixed seed: the same on every learner rank
+        with warnings.catch_warnings(), torch.random.fork_rng():
+            warnings.simplefilter("ignore")  # "newly initialized: score.weight" is the point
+            torch.manual_seed(0)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path,
+                num_labels=1,
+                dtype=getattr(torch, _DTYPES[dtype]),
+                pad_token_id=tokenizer.pad_token_id,
+            )
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"model.path={path!r} is neither a local Hugging Face directory nor a reachable "
+            "hub id; pass the SFT model's directory (or a reward model's)"
+        ) from exc
+    return model.eval()
+
+
+def sequence_scores(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """(B,) float scores of a sequence-classification model: its logit at each sequence's
+    last token that is not the pad token (what ``RewardModelWorker`` reads), with positions
+    counted over real tokens so left padding changes nothing."""
+    return (
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask),
+            use_cache=False,
+        )
+        .logits[:, 0]
+        .float()
+    )

@@ -99,6 +99,7 @@ class Pipeline:
         )
         self._started = False
         self._mark = (time.perf_counter(), self._busy())
+        self._worker_mark: dict[int, float] = {}  # busy seconds per rollout worker, last call
 
     def _per_request(self, workers: int) -> int:
         return self._prompts_per_request or math.ceil(self._batch_size / workers)
@@ -218,6 +219,19 @@ class Pipeline:
             "time/scoring": scoring,
             "pool/rollout_idle_frac": _clip01(1 - generation / wall),
             "pool/scoring_idle_frac": _clip01(1 - scoring / wall),
+            **self._worker_metrics(),
+        }
+
+    def _worker_metrics(self) -> dict[str, float]:
+        """``time/rollout_worker_<i>``: seconds each active rollout worker spent generating
+        since the previous call (a slow or starved worker stands out)."""
+        busy: dict[int, float] = {}
+        for loop in self._every_rollout:  # a re-added worker's loops add up
+            busy[loop.worker] = busy.get(loop.worker, 0.0) + loop.read_busy()
+        before, self._worker_mark = self._worker_mark, busy
+        return {
+            f"time/rollout_worker_{loop.worker}": busy[loop.worker] - before.get(loop.worker, 0.0)
+            for loop in self.rollouts
         }
 
     @property

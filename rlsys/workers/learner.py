@@ -79,6 +79,9 @@ class LearnerWorker:
     def greedy_tokens(self, batch: TrainBatch):
         return self.backend.greedy_tokens(batch)
 
+    def forward_scores(self, batch: TrainBatch):
+        return self.backend.forward_scores(batch)
+
     def train_step(
         self, batch: TrainBatch, objective, num_mini_batches: int, epochs: int, seed: int
     ) -> dict[str, float]:
@@ -134,7 +137,8 @@ class LearnerWorker:
 
 class LearnerGroup:
     """``world_size`` learner ranks driven as one: every call goes to every rank. The policy
-    learner has ``role="policy"``; a critic is a learner group with ``role="value"``."""
+    learner has ``role="policy"``; a critic is a learner group with ``role="value"``, and
+    ``rlsys rm`` trains a reward model in one with ``role="reward"``."""
 
     def __init__(
         self,
@@ -160,12 +164,13 @@ class LearnerGroup:
             ]
         )
 
-    def _gather_rows(self, method: str, batch: TrainBatch, dtype) -> np.ndarray:
+    def _gather_rows(self, method: str, batch: TrainBatch, dtype, shape=None) -> np.ndarray:
         ref = ray.put(batch)
         parts = get_all([getattr(w, method).remote(ref) for w in self.workers])
-        out = np.zeros(batch.loss_mask.shape, dtype=dtype)
+        out = np.zeros(batch.loss_mask.shape if shape is None else shape, dtype=dtype)
         for rows, values in parts:
-            out[rows] = values
+            if len(rows):
+                out[rows] = values
         return out
 
     def forward_logprobs(self, batch: TrainBatch) -> np.ndarray:
@@ -179,6 +184,10 @@ class LearnerGroup:
     def greedy_tokens(self, batch: TrainBatch) -> np.ndarray:
         """(B, T-1) argmax next tokens under the current policy."""
         return self._gather_rows("greedy_tokens", batch, np.int64)
+
+    def forward_scores(self, batch: TrainBatch) -> np.ndarray:
+        """(B,) sequence scores of ``batch`` (a ``role="reward"`` group)."""
+        return self._gather_rows("forward_scores", batch, np.float32, (len(batch),))
 
     def train_step(
         self,
@@ -216,7 +225,7 @@ class LearnerGroup:
         return [w.publish_weights.remote(version, bucket_bytes) for w in self.workers]
 
     def save_hf(self, path: str) -> None:
-        """Write the policy as a Hugging Face directory."""
+        """Write the policy (or reward model) as a Hugging Face directory."""
         get_all([w.save_hf.remote(path) for w in self.workers])
 
     def save_checkpoint(self, path: str) -> None:

@@ -92,6 +92,7 @@ class PoisonedObjective:
     loss_agg: str = "token_mean"
     loss_agg_norm: float | None = None
     entropy_grad: bool = False
+    rows_per_group: int = 1
 
     def __call__(self, out, batch):
         loss, metrics = SFTObjective()(out, batch)

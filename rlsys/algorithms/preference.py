@@ -1,0 +1,92 @@
+"""Pairwise preference losses: pure torch functions of per-pair scores, no model state.
+
+Each takes one value per pair (chosen and rejected side, shape (P,)) and returns the loss
+per pair (P,) to be minimised plus detached per-pair metrics. ``rlsys.algorithms.objectives``
+spreads them over the pair's tokens for the learner backends.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlsys.algorithms.names import PREFERENCE_LOSSES
+
+
+def bradley_terry_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Reward-model loss of a preference pair: ``-log sigmoid(r_chosen - r_rejected)``, the
+    negative log-likelihood of the label under a Bradley-Terry model (Bradley & Terry 1952),
+    as in InstructGPT (Ouyang et al. 2022, eq. 1).
+
+    Departure: pairs are independent rows, not all K-choose-2 comparisons of one prompt
+    batched together (InstructGPT's trick against over-fitting to a prompt); a dataset with
+    several comparisons per prompt simply lists them. Metrics: ``accuracy`` (chosen scored
+    strictly higher), ``margin`` (r_chosen - r_rejected), ``chosen`` and ``rejected``."""
+    margin = chosen - rejected
+    loss = -F.logsigmoid(margin)
+    with torch.no_grad():
+        metrics = {
+            "accuracy": (margin > 0).float(),
+            "margin": margin.detach(),
+            "chosen": chosen.detach(),
+            "rejected": rejected.detach(),
+        }
+    return loss, metrics
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+    variant: str = "dpo",
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Direct preference optimisation on summed response log-probabilities (P,) of the policy
+    and the frozen reference. With ``h = (log pi(y_w) - log ref(y_w)) - (log pi(y_l) -
+    log ref(y_l))``:
+
+    - ``dpo``: ``-log sigmoid(beta h)`` (Rafailov et al. 2023, eq. 7);
+    - ``cdpo``: conservative DPO, ``-(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h)``
+      with ``e = label_smoothing`` the assumed fraction of flipped labels (Mitchell 2023,
+      "A note on DPO with noisy preferences"); ``e = 0`` is ``dpo``;
+    - ``ipo``: ``(h - 1 / (2 beta))^2`` (Azar et al. 2023, "A General Theoretical Paradigm to
+      Understand Learning from Human Preferences", eq. 17, its empirical form with ``tau =
+      beta``), which regresses the log-ratio gap to a finite target instead of pushing it to
+      infinity on deterministic preferences.
+
+    Departure: IPO on summed (not length-averaged) log-probabilities, as in the paper; some
+    implementations average over tokens. Metrics: the implicit rewards
+    ``beta (log pi - log ref)`` of each side (``reward_chosen``, ``reward_rejected``), their
+    ``margin`` and ``accuracy`` (margin > 0)."""
+    if variant not in PREFERENCE_LOSSES:
+        raise ValueError(f"dpo.loss={variant!r} is not one of {list(PREFERENCE_LOSSES)}")
+    if beta <= 0:
+        raise ValueError(f"dpo.beta={beta} must be positive")
+    chosen_ratio = policy_chosen - ref_chosen
+    rejected_ratio = policy_rejected - ref_rejected
+    h = chosen_ratio - rejected_ratio
+    if variant == "ipo":
+        loss = (h - 1.0 / (2.0 * beta)) ** 2
+    else:
+        eps = label_smoothing if variant == "cdpo" else 0.0
+        loss = -(1.0 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
+    with torch.no_grad():
+        metrics = {
+            "reward_chosen": beta * chosen_ratio.detach(),
+            "reward_rejected": beta * rejected_ratio.detach(),
+            "margin": beta * h.detach(),
+            "accuracy": (h > 0).float(),
+        }
+    return loss, metrics
+
+
+def spread_over_pairs(per_pair: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T-1) per-token values from one value per pair, where rows 2i and 2i+1 are pair i:
+    every response token of both rows carries its pair's value. With the
+    ``seq_mean_token_mean`` weighting each row then counts ``value / sequences``, so a pair
+    counts ``value / pairs``: the batch loss is the mean over pairs."""
+    return per_pair.repeat_interleave(2).unsqueeze(-1).expand_as(mask)

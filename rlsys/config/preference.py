@@ -1,0 +1,93 @@
+"""Config of preference training: the pairs (``preference.*``), reward-model training
+(``rm.*``, ``rlsys rm``) and DPO (``dpo.*``, ``rlsys dpo``). See docs/rlhf.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlsys.algorithms.names import PREFERENCE_LOSSES
+from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.errors import ConfigError
+
+
+@dataclass
+class PreferenceDataConfig:
+    """``preference``: (prompt, chosen, rejected) pairs for ``rlsys rm`` and ``rlsys dpo``."""
+
+    # .jsonl or .parquet rows with a prompt and a chosen and a rejected reply; null: pairs
+    # synthesised from the task (the reference answer chosen over a near miss; see
+    # docs/rlhf.md).
+    train_path: str | None = None
+    eval_path: str | None = None  # null: hold out eval_size pairs of train_path
+    eval_size: int = 256  # held-out pairs (pairwise accuracy is measured on them)
+    prompt_key: str = "prompt"  # column holding the prompt text
+    chosen_key: str = "chosen"  # column holding the preferred reply
+    rejected_key: str = "rejected"  # column holding the other reply
+    max_length: int = 256  # tokens of prompt + reply; longer pairs are skipped and counted
+    synthetic_pairs: int = 4096  # synthetic pairs: training pairs drawn from the task
+    # Synthetic pairs' rejected reply: "policy" samples the starting model and takes a reply
+    # the task's verifier marks wrong (the mistakes a policy really makes, as when people
+    # label the SFT model's samples); "near_miss" changes a digit of the answer.
+    synthetic_rejected: str = "policy"
+    samples_per_prompt: int = 4  # synthetic_rejected=policy: replies sampled per prompt
+
+    def __post_init__(self) -> None:
+        positive("preference.eval_size", self.eval_size)
+        positive("preference.max_length", self.max_length)
+        positive("preference.synthetic_pairs", self.synthetic_pairs)
+        one_of("preference.synthetic_rejected", self.synthetic_rejected, ("policy", "near_miss"))
+        positive("preference.samples_per_prompt", self.samples_per_prompt)
+        if self.eval_path and not self.train_path:
+            raise ConfigError(
+                "preference.eval_path is set but preference.train_path is null; give "
+                "preference.train_path too (synthetic pairs make their own held-out split)"
+            )
+
+
+@dataclass
+class RMConfig:
+    """``rm``: Bradley-Terry reward-model training (``rlsys rm``) on the learner backend."""
+
+    max_steps: int = 300  # optimizer steps (one batch of pairs each)
+    batch_size: int = 64  # pairs per step
+    lr: float = 3e-4  # peak AdamW rate (learner.optim's warm-up and schedule apply)
+    eval_every: int = 50  # held-out pairwise accuracy every K steps (and at the end)
+
+    def __post_init__(self) -> None:
+        positive("rm.max_steps", self.max_steps)
+        positive("rm.batch_size", self.batch_size)
+        positive("rm.lr", self.lr)
+        positive("rm.eval_every", self.eval_every)
+
+
+@dataclass
+class DPOConfig:
+    """``dpo``: direct preference optimisation of the policy (``rlsys dpo``) against the
+    frozen starting policy, whose log-probabilities are computed once and cached."""
+
+    loss: str = "dpo"  # dpo | ipo | cdpo (conservative DPO: dpo.label_smoothing of labels flipped)
+    beta: float = 0.1  # strength of the KL tie to the reference (IPO: its tau)
+    label_smoothing: float = 0.0  # cdpo only: the assumed fraction of flipped labels, < 0.5
+    max_steps: int = 200  # optimizer steps (one batch of pairs each)
+    batch_size: int = 64  # pairs per step
+    lr: float = 1e-4  # peak AdamW rate (learner.optim's warm-up and schedule apply)
+    eval_every: int = 50  # held-out pairwise and task accuracy every K steps (and at the end)
+
+    def __post_init__(self) -> None:
+        one_of("dpo.loss", self.loss, PREFERENCE_LOSSES)
+        positive("dpo.beta", self.beta)
+        non_negative("dpo.label_smoothing", self.label_smoothing)
+        if self.label_smoothing >= 0.5:
+            raise ConfigError(
+                f"dpo.label_smoothing={self.label_smoothing} must be < 0.5 (at 0.5 the labels "
+                "carry no information); use e.g. 0.1"
+            )
+        if self.label_smoothing > 0 and self.loss != "cdpo":
+            raise ConfigError(
+                f"dpo.label_smoothing={self.label_smoothing} only applies to dpo.loss=cdpo, "
+                f"not dpo.loss={self.loss}; set dpo.loss=cdpo or dpo.label_smoothing=0"
+            )
+        positive("dpo.max_steps", self.max_steps)
+        positive("dpo.batch_size", self.batch_size)
+        positive("dpo.lr", self.lr)
+        positive("dpo.eval_every", self.eval_every)

@@ -1,0 +1,273 @@
+"""Preference pairs for ``rlsys rm`` and ``rlsys dpo``: read from a file or synthesised from
+a task, and packed into learner batches whose rows 2i and 2i+1 are pair i's chosen and
+rejected sequences.
+
+The synthetic labeller stands in for people comparing two replies: the chosen reply is the
+task's reference answer and the rejected one a reply of the starting policy that the task's
+verifier marks wrong (``preference.synthetic_rejected=policy``: the mistakes a reward model
+must catch when PPO samples that policy) or a near miss, the answer with one digit changed
+(two, a quarter of the time; also the fallback for a prompt the policy always gets right).
+The comparison needs the arithmetic, not the format: both replies look alike."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlsys.config.preference import PreferenceDataConfig
+from rlsys.data.collate import pack
+from rlsys.data.tasks import TaskSplits, read_rows
+from rlsys.types import Prompt, TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreferencePair:
+    """A prompt and two replies to it, ``chosen`` preferred over ``rejected``."""
+
+    prompt: Prompt
+    chosen: str
+    rejected: str
+
+
+@dataclass
+class PreferenceSplits:
+    """Training and held-out pairs."""
+
+    train: list[PreferencePair]
+    eval: list[PreferencePair]
+    source: str  # the file, or "synthetic:<task>"
+    skipped_rows: int = 0  # malformed rows (missing or empty columns, chosen == rejected)
+
+    def summary(self) -> dict:
+        return {
+            "source": self.source,
+            "train_pairs": len(self.train),
+            "eval_pairs": len(self.eval),
+            "skipped_malformed_rows": self.skipped_rows,
+        }
+
+
+def near_miss(answer: str, rng: np.random.Generator) -> str:
+    """``answer`` with one of its digits changed (two, a quarter of the time)."""
+    digits = [i for i, ch in enumerate(answer) if ch.isdigit()]
+    if not digits:
+        raise ValueError(
+            f"synthetic preference pairs change a digit of the answer, and {answer!r} has "
+            "none; give pairs in a file with preference.train_path"
+        )
+    chars = list(answer)
+    count = 2 if len(digits) > 1 and rng.random() < 0.25 else 1
+    for i in rng.choice(digits, size=count, replace=False):
+        chars[i] = str((int(chars[i]) + int(rng.integers(1, 10))) % 10)
+    return "".join(chars)
+
+
+def synthetic_pairs(
+    task: TaskSplits, cfg: PreferenceDataConfig, seed: int, sample_wrong=None
+) -> PreferenceSplits:
+    """``cfg.synthetic_pairs`` training pairs over the task's train prompts and
+    ``cfg.eval_size`` over its held-out prompts: the reference answer chosen over a reply
+    ``sample_wrong(prompts) -> [wrong reply or None]`` gives (a policy's mistake), else over a
+    near miss (see the module docstring)."""
+    rng = np.random.default_rng([seed, 7])
+
+    def draw(prompts: list[Prompt], count: int) -> list[PreferencePair]:
+        picks = [
+            prompts[int(i)]
+            for i in rng.choice(len(prompts), size=count, replace=count > len(prompts))
+        ]
+        wrong = sample_wrong(picks) if sample_wrong is not None else [None] * len(picks)
+        return [
+            PreferencePair(p, p.answer, w if w is not None else near_miss(p.answer, rng))
+            for p, w in zip(picks, wrong, strict=True)
+        ]
+
+    return PreferenceSplits(
+        draw(task.train, cfg.synthetic_pairs),
+        draw(task.eval, cfg.eval_size),
+        f"synthetic:{cfg.synthetic_rejected}",
+    )
+
+
+def policy_mistakes(collector, sampling, seed: int):
+    """``sample_wrong`` for ``synthetic_pairs``: per prompt, the first of ``sampling.n``
+    replies the task's verifier marks wrong (None when all are right), and how many prompts
+    had one, sampled through ``collector`` (the starting model's rollout pool)."""
+    found = {"prompts": 0, "with_mistake": 0}
+
+    def sample_wrong(prompts: list[Prompt]) -> list[str | None]:
+        out: list[str | None] = []
+        chunk = 512
+        for start in range(0, len(prompts), chunk):
+            groups = collector.collect(prompts[start : start + chunk], sampling, seed + start)
+            by_uid = {
+                g.prompt.uid: next((s.text for s in g.samples if not s.correct and s.text), None)
+                for g in groups
+            }
+            out += [by_uid.get(p.uid) for p in prompts[start : start + chunk]]
+        found["prompts"] += len(prompts)
+        found["with_mistake"] += sum(w is not None for w in out)
+        return out
+
+    return sample_wrong, found
+
+
+def _rows_to_pairs(rows: list[dict], cfg: PreferenceDataConfig, uid0: int):
+    pairs, skipped = [], 0
+    keys = (cfg.prompt_key, cfg.chosen_key, cfg.rejected_key)
+    for row in rows:
+        prompt, chosen, rejected = (row.get(k) for k in keys)
+        if not all(isinstance(v, str) and v for v in (prompt, chosen, rejected)):
+            skipped += 1
+            continue
+        if chosen == rejected:
+            skipped += 1
+            continue
+        meta = {k: v for k, v in row.items() if k not in keys}
+        pairs.append(PreferencePair(Prompt(uid0 + len(pairs), prompt, "", meta), chosen, rejected))
+    return pairs, skipped
+
+
+def file_pairs(cfg: PreferenceDataConfig, seed: int) -> PreferenceSplits:
+    """Pairs from ``preference.train_path`` (and ``eval_path``, else held out of train)."""
+    train, skipped = _rows_to_pairs(read_rows(cfg.train_path, "preference.train_path"), cfg, 0)
+    if cfg.eval_path:
+        rows = read_rows(cfg.eval_path, "preference.eval_path")
+        evals, more = _rows_to_pairs(rows, cfg, len(train))
+        skipped += more
+    else:
+        order = np.random.default_rng(seed).permutation(len(train))
+        held = min(cfg.eval_size, len(train) // 5)
+        evals = [train[i] for i in order[:held]]
+        train = [train[i] for i in order[held:]]
+    if skipped:
+        log.warning(
+            "skipped %d malformed preference rows (missing or empty %r, %r or %r, or chosen "
+            "equal to rejected)",
+            skipped,
+            cfg.prompt_key,
+            cfg.chosen_key,
+            cfg.rejected_key,
+        )
+    if not train or not evals:
+        raise ValueError(
+            f"preference.train_path={cfg.train_path!r} yielded no usable training or held-out "
+            f"pairs; each row needs non-empty {cfg.prompt_key!r}, {cfg.chosen_key!r} and "
+            f"{cfg.rejected_key!r} strings"
+        )
+    return PreferenceSplits(train, evals, cfg.train_path, skipped)
+
+
+def load_pairs(
+    cfg: PreferenceDataConfig, task: TaskSplits, seed: int, sample_wrong=None
+) -> PreferenceSplits:
+    """The pairs ``preference.*`` names: a file, else synthesised from ``task`` (with the
+    policy's mistakes from ``sample_wrong`` when ``synthetic_rejected=policy``)."""
+    if cfg.train_path:
+        return file_pairs(cfg, seed)
+    return synthetic_pairs(
+        task, cfg, seed, sample_wrong if cfg.synthetic_rejected == "policy" else None
+    )
+
+
+@dataclass
+class PairBatch:
+    """Packed pairs: ``batch`` rows 2i / 2i+1 are pair ``kept[i]``'s chosen / rejected."""
+
+    batch: TrainBatch
+    kept: list[PreferencePair]
+    skipped_too_long: int
+
+    def rows(self, pairs: np.ndarray) -> np.ndarray:
+        """Row indices of pair indices ``pairs``, chosen before rejected."""
+        return (np.asarray(pairs)[:, None] * 2 + np.arange(2)).reshape(-1)
+
+
+def pack_pairs(pairs: list[PreferencePair], encode, pad_id: int, max_length: int) -> PairBatch:
+    """Pack ``pairs`` as two rows each, ``encode(pair, reply) -> (prompt ids, reply ids)``
+    (the loss mask covers the reply ids), leaving out pairs with a row over ``max_length``
+    tokens or one ``encode`` rejects (None)."""
+    prompts, replies, kept, skipped = [], [], [], 0
+    for pair in pairs:
+        rows = [encode(pair, pair.chosen), encode(pair, pair.rejected)]
+        if any(r is None or len(r[0]) + len(r[1]) > max_length or not r[1] for r in rows):
+            skipped += 1
+            continue
+        for prompt_ids, reply_ids in rows:
+            prompts.append(prompt_ids)
+            replies.append(reply_ids)
+        kept.append(pair)
+    if not kept:
+        raise ValueError(
+            f"every one of the {len(pairs)} preference pairs is longer than "
+            f"preference.max_length={max_length} tokens (or empty); raise it"
+        )
+    return PairBatch(pack(prompts, replies, pad_id), kept, skipped)
+
+
+def reward_model_rows(tokenizer, chat: bool):
+    """``encode`` for reward-model pairs: the text exactly as ``RewardModelWorker`` renders
+    and tokenizes it when scoring, split after its first token (the score reads the end)."""
+    from rlsys.workers.reward_model import render_pair, uses_chat
+
+    special = not uses_chat(tokenizer, chat)
+
+    def encode(pair: PreferencePair, reply: str):
+        text = render_pair(tokenizer, pair.prompt.text, reply, chat)
+        ids = tokenizer(text, add_special_tokens=special)["input_ids"]
+        return ids[:1], ids[1:]
+
+    return encode
+
+
+def policy_rows(collector):
+    """``encode`` for DPO pairs: the prompt as the policy sees it (the task's format, chat
+    template and instruction) and the reply's tokens followed by EOS, as the policy would
+    end it; None for a prompt over ``task.max_prompt_tokens``."""
+    tokenizer = collector.tokenizer
+    cache: dict[int, list[int] | None] = {}
+
+    def encode(pair: PreferencePair, reply: str):
+        uid = pair.prompt.uid
+        if uid not in cache:
+            _, ids = collector.encode([pair.prompt])
+            cache[uid] = ids[0] if ids else None
+        if cache[uid] is None:
+            return None
+        reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+        return cache[uid], reply_ids + [tokenizer.eos_token_id]
+
+    return encode
+
+
+def trim_padding(batch: TrainBatch) -> TrainBatch:
+    """``batch`` without the columns no row uses (a sub-batch of a packed dataset keeps the
+    whole dataset's width otherwise)."""
+    used = np.flatnonzero(batch.attention_mask.any(0))
+    start, stop = int(used[0]), int(used[-1]) + 1
+    fields = {}
+    for name, value in vars(batch).items():
+        if isinstance(value, np.ndarray) and value.ndim == 2:
+            width = value.shape[1]
+            value = (
+                value[:, start:stop]
+                if width == batch.input_ids.shape[1]
+                else value[:, start : stop - 1]
+            )
+        fields[name] = value
+    return TrainBatch(**fields)
+
+
+def pair_margins(per_row: np.ndarray) -> np.ndarray:
+    """Chosen minus rejected of a per-row value (rows 2i / 2i+1)."""
+    return per_row[0::2] - per_row[1::2]
+
+
+def pairwise_accuracy(margins: np.ndarray) -> float:
+    """The fraction of pairs ranked right (margin > 0), a tie counting half: a model that
+    cannot tell the replies apart (DPO's starting point, margin 0) scores chance, 0.5."""
+    return float(np.mean((margins > 0) + 0.5 * (margins == 0)))
