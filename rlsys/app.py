@@ -326,6 +326,22 @@ def _pairs(cfg: TrainConfig, tokenizer, task: TaskSplits, encode, generate=None)
     return train, evals, info
 
 
+def _preference_summary(run_dir, result, data, start, warm, final, started) -> Path:
+    """summary.json of ``rlsys rm`` / ``rlsys dpo``: the result, the pairs, the models."""
+    return write_summary(
+        run_dir,
+        {
+            **dataclasses.asdict(result),
+            "data": data,
+            "initial_model": start,
+            "warm_start": warm,
+            "run_dir": str(run_dir),
+            "final_model": str(final),
+            "total_wall_s": time.perf_counter() - started,
+        },
+    )
+
+
 def rm(cfg: TrainConfig) -> Path:
     """``rlsys rm``: train a reward model on preference pairs; it lands in
     ``checkpoints/final`` as a sequence-classification model for ``reward.model.paths``."""
@@ -376,18 +392,7 @@ def rm(cfg: TrainConfig) -> Path:
         result.eval_pairwise_accuracy,
         final,
     )
-    return write_summary(
-        run_dir,
-        {
-            **dataclasses.asdict(result),
-            "data": data,
-            "initial_model": start,
-            "warm_start": warm,
-            "run_dir": str(run_dir),
-            "final_model": str(final),
-            "total_wall_s": time.perf_counter() - started,
-        },
-    )
+    return _preference_summary(run_dir, result, data, start, warm, final, started)
 
 
 def dpo(cfg: TrainConfig) -> Path:
@@ -426,18 +431,7 @@ def dpo(cfg: TrainConfig) -> Path:
     finally:
         tracker.close()
         pools.shutdown()
-    return write_summary(
-        run_dir,
-        {
-            **dataclasses.asdict(result),
-            "data": data,
-            "initial_model": start,
-            "warm_start": warm,
-            "run_dir": str(run_dir),
-            "final_model": str(final),
-            "total_wall_s": time.perf_counter() - started,
-        },
-    )
+    return _preference_summary(run_dir, result, data, start, warm, final, started)
 
 
 def evaluate(cfg: TrainConfig) -> dict:

@@ -18,7 +18,7 @@ import numpy as np
 
 from rlsys.config.preference import PreferenceDataConfig
 from rlsys.data.collate import pack
-from rlsys.data.tasks import TaskSplits, read_rows
+from rlsys.data.tasks import TaskSplits, hold_out, read_rows
 from rlsys.types import Prompt, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,7 @@ def file_pairs(cfg: PreferenceDataConfig, seed: int) -> PreferenceSplits:
         evals, more = _rows_to_pairs(rows, cfg, len(train))
         skipped += more
     else:
-        order = np.random.default_rng(seed).permutation(len(train))
-        held = min(cfg.eval_size, len(train) // 5)
-        evals = [train[i] for i in order[:held]]
-        train = [train[i] for i in order[held:]]
+        train, evals = hold_out(train, cfg.eval_size, seed)
     if skipped:
         log.warning(
             "skipped %d malformed preference rows (missing or empty %r, %r or %r, or chosen "

@@ -158,6 +158,13 @@ def _rows_to_prompts(rows: list[dict], cfg: TaskConfig, uid0: int) -> tuple[list
     return prompts, skipped
 
 
+def hold_out(rows: list, size: int, seed: int) -> tuple[list, list]:
+    """(train, held out): ``size`` random rows held out (at most a fifth of them)."""
+    order = np.random.default_rng(seed).permutation(len(rows))
+    held = min(size, len(rows) // 5)
+    return [rows[i] for i in order[held:]], [rows[i] for i in order[:held]]
+
+
 def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     """Prompts from jsonl/parquet; without ``eval_path`` the eval split is held out of train."""
     train, skipped = _rows_to_prompts(read_rows(cfg.train_path), cfg, 0)
@@ -165,10 +172,7 @@ def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
         evals, more = _rows_to_prompts(read_rows(cfg.eval_path), cfg, len(train))
         skipped += more
     else:
-        order = np.random.default_rng(seed).permutation(len(train))
-        held = min(cfg.eval_size, len(train) // 5)
-        evals = [train[i] for i in order[:held]]
-        train = [train[i] for i in order[held:]]
+        train, evals = hold_out(train, cfg.eval_size, seed)
     if skipped:
         log.warning(
             "skipped %d malformed dataset rows (missing/invalid %r or %r)",
