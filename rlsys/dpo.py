@@ -18,8 +18,7 @@ import numpy as np
 from rlsys.algorithms.objectives import DPOObjective
 from rlsys.collector import RolloutCollector
 from rlsys.config.preference import DPOConfig
-from rlsys.data.preferences import PairBatch, pair_margins, pairwise_accuracy, trim_padding
-from rlsys.data.sampler import PromptSampler
+from rlsys.data.preferences import PairBatch, pair_margins, pairwise_accuracy, train_on_pairs
 from rlsys.pools import Pools
 from rlsys.tracking import Tracker
 from rlsys.types import Prompt
@@ -100,28 +99,21 @@ def run_dpo(
         reference_s,
     )
     pools.learner.set_lr(cfg.lr, decay_steps=cfg.max_steps)
-    objective = DPOObjective(cfg.beta, cfg.loss, cfg.label_smoothing)
-    sampler = PromptSampler(list(range(len(train.kept))), cfg.batch_size, True, seed)
-
-    def evaluate(step: int) -> dict[str, float]:
-        return evaluate_dpo(
+    history = train_on_pairs(
+        pools.learner,
+        train,
+        DPOObjective(cfg.beta, cfg.loss, cfg.label_smoothing),
+        lambda step: evaluate_dpo(
             pools, collector, evals, eval_prompts, max_new_tokens, cfg.beta, version=step
-        )
-
-    first = evaluate(0)
-    tracker.log(0, first)
-    history = [{"step": 0, **first}]
-    last = first
-    for step in range(1, cfg.max_steps + 1):
-        rows = train.rows(np.array(sampler.next_batch()))
-        batch = trim_padding(train.batch.select(rows))
-        out = pools.learner.train_step(batch, objective, seed + step, num_mini_batches=1, epochs=1)
-        metrics = {f"dpo/{k}": v for k, v in out.items()}
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            last = evaluate(step)
-            metrics.update(last)
-            history.append({"step": step, **last})
-        tracker.log(step, metrics)
+        ),
+        cfg.max_steps,
+        cfg.batch_size,
+        cfg.eval_every,
+        "dpo",
+        seed,
+        tracker,
+    )
+    first, last = history[0], history[-1]
     return DPOResult(
         steps=cfg.max_steps,
         eval_pairwise_accuracy_before=first["eval/pairwise_accuracy"],

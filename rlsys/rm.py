@@ -17,8 +17,7 @@ import numpy as np
 
 from rlsys.algorithms.objectives import RewardModelObjective
 from rlsys.config.preference import RMConfig
-from rlsys.data.preferences import PairBatch, pair_margins, pairwise_accuracy, trim_padding
-from rlsys.data.sampler import PromptSampler
+from rlsys.data.preferences import PairBatch, pair_margins, pairwise_accuracy, train_on_pairs
 from rlsys.tracking import Tracker
 from rlsys.workers.learner import LearnerGroup
 
@@ -60,23 +59,20 @@ def run_rm(
     """``cfg.max_steps`` Bradley-Terry steps of ``cfg.batch_size`` pairs, with a held-out
     evaluation before, every ``cfg.eval_every`` steps and at the end."""
     learner.set_lr(cfg.lr, decay_steps=cfg.max_steps)
-    sampler = PromptSampler(list(range(len(train.kept))), cfg.batch_size, True, seed)
-    objective = RewardModelObjective()
     started = time.perf_counter()
-    first = evaluate_rm(learner, evals)
-    tracker.log(0, first)
-    history = [{"step": 0, **first}]
-    last = first
-    for step in range(1, cfg.max_steps + 1):
-        rows = train.rows(np.array(sampler.next_batch()))
-        batch = trim_padding(train.batch.select(rows))
-        out = learner.train_step(batch, objective, seed + step, num_mini_batches=1, epochs=1)
-        metrics = {f"rm/{k}": v for k, v in out.items()}
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            last = evaluate_rm(learner, evals)
-            metrics.update(last)
-            history.append({"step": step, **last})
-        tracker.log(step, metrics)
+    history = train_on_pairs(
+        learner,
+        train,
+        RewardModelObjective(),
+        lambda step: evaluate_rm(learner, evals),
+        cfg.max_steps,
+        cfg.batch_size,
+        cfg.eval_every,
+        "rm",
+        seed,
+        tracker,
+    )
+    first, last = history[0], history[-1]
     return RMResult(
         steps=cfg.max_steps,
         eval_pairwise_accuracy_before=first["eval/pairwise_accuracy"],

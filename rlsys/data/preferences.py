@@ -268,3 +268,38 @@ def pairwise_accuracy(margins: np.ndarray) -> float:
     """The fraction of pairs ranked right (margin > 0), a tie counting half: a model that
     cannot tell the replies apart (DPO's starting point, margin 0) scores chance, 0.5."""
     return float(np.mean((margins > 0) + 0.5 * (margins == 0)))
+
+
+def train_on_pairs(
+    learner,
+    train: PairBatch,
+    objective,
+    evaluate,
+    steps: int,
+    batch_size: int,
+    eval_every: int,
+    prefix: str,
+    seed: int,
+    tracker,
+) -> list[dict]:
+    """The loop ``rlsys rm`` and ``rlsys dpo`` share: ``steps`` optimizer steps on
+    ``batch_size`` pairs drawn epoch by epoch, ``evaluate(step) -> metrics`` before the first,
+    every ``eval_every`` steps and after the last; the learner's figures are logged as
+    ``<prefix>/<name>``. Returns the evaluations, each with its step (the first is step 0)."""
+    from rlsys.data.sampler import PromptSampler
+
+    sampler = PromptSampler(list(range(len(train.kept))), batch_size, True, seed)
+    first = evaluate(0)
+    tracker.log(0, first)
+    history = [{"step": 0, **first}]
+    for step in range(1, steps + 1):
+        rows = train.rows(np.array(sampler.next_batch()))
+        batch = trim_padding(train.batch.select(rows))
+        out = learner.train_step(batch, objective, seed + step, num_mini_batches=1, epochs=1)
+        metrics = {f"{prefix}/{k}": v for k, v in out.items()}
+        if step % eval_every == 0 or step == steps:
+            result = evaluate(step)
+            metrics.update(result)
+            history.append({"step": step, **result})
+        tracker.log(step, metrics)
+    return history
