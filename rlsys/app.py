@@ -13,6 +13,7 @@ from pathlib import Path
 from rlsys.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.collector import RolloutCollector
 from rlsys.config.loader import to_yaml
+from rlsys.config.preference import SAMPLED_PAIRS
 from rlsys.config.schema import TrainConfig
 from rlsys.data.tasks import TaskSplits, load_task
 from rlsys.launch.local import connect_ray, preflight
@@ -272,14 +273,15 @@ def _starting_model(cfg: TrainConfig, tokenizer, task: TaskSplits, run_dir: Path
 
 
 def _load_pairs(cfg: TrainConfig, task: TaskSplits, generate, tokenizer):
-    """``preference.*``'s pairs; synthetic pairs with ``synthetic_rejected=policy`` sample
-    their rejected replies through ``generate`` (the starting model's rollout pool)."""
-    from rlsys.data.preferences import load_pairs, policy_mistakes
+    """``preference.*``'s pairs; synthetic pairs made of the starting model's replies
+    (``preference.synthetic``: mistakes, ranked) sample them through ``generate`` (its
+    rollout pool)."""
+    from rlsys.data.preferences import load_pairs, sample_replies
     from rlsys.types import SamplingParams
 
     pref = cfg.preference
-    if pref.train_path or pref.synthetic_rejected != "policy":
-        return load_pairs(pref, task, cfg.run.seed), None
+    if pref.train_path or pref.synthetic not in SAMPLED_PAIRS:
+        return load_pairs(pref, task, cfg.run.seed)
     sampling = SamplingParams(
         n=pref.samples_per_prompt,
         temperature=cfg.rollout.temperature,
@@ -287,21 +289,19 @@ def _load_pairs(cfg: TrainConfig, task: TaskSplits, generate, tokenizer):
         max_new_tokens=task.max_new_tokens,
     )
     collector = RolloutCollector.for_task(generate, tokenizer, cfg.task, cfg.reward)
-    sample_wrong, found = policy_mistakes(collector, sampling, cfg.run.seed)
     log.info(
-        "preference pairs: sampling %d replies per prompt from the starting model for the "
-        "rejected side",
+        "preference pairs (%s): sampling %d replies per prompt from the starting model",
+        pref.synthetic,
         pref.samples_per_prompt,
     )
-    splits = load_pairs(pref, task, cfg.run.seed, sample_wrong)
-    return splits, found
+    return load_pairs(pref, task, cfg.run.seed, sample_replies(collector, sampling, cfg.run.seed))
 
 
 def _pairs(cfg: TrainConfig, tokenizer, task: TaskSplits, encode, generate=None):
     """Training and held-out pairs of ``preference.*``, packed with ``encode``."""
     from rlsys.data.preferences import pack_pairs
 
-    splits, sampled = _load_pairs(cfg, task, generate, tokenizer)
+    splits = _load_pairs(cfg, task, generate, tokenizer)
     pad, limit = tokenizer.pad_token_id, cfg.preference.max_length
     train = pack_pairs(splits.train, encode, pad, limit)
     evals = pack_pairs(splits.eval, encode, pad, limit)
@@ -311,8 +311,6 @@ def _pairs(cfg: TrainConfig, tokenizer, task: TaskSplits, encode, generate=None)
         "eval_pairs": len(evals.kept),
         "skipped_too_long": train.skipped_too_long + evals.skipped_too_long,
     }
-    if sampled is not None:  # how many rejected replies are the policy's own mistakes
-        info["policy_mistake_frac"] = sampled["with_mistake"] / max(1, sampled["prompts"])
     log.info(
         "preference pairs (%s): %d train / %d held out; skipped %d malformed rows and %d "
         "pairs over preference.max_length=%d",
@@ -361,7 +359,7 @@ def rm(cfg: TrainConfig) -> Path:
     start, warm = _starting_model(cfg, tokenizer, task, run_dir)
     placement = plan_placement(cfg, Roles())
     rollout = None
-    if not cfg.preference.train_path and cfg.preference.synthetic_rejected == "policy":
+    if not cfg.preference.train_path and cfg.preference.synthetic in SAMPLED_PAIRS:
         rollout = RolloutPool(cfg.rollout, placement.rollout, start, cfg.model.dtype)
     try:
         train, evals, data = _pairs(

@@ -9,14 +9,16 @@ from rlsys.algorithms.names import PREFERENCE_LOSSES
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
 
+SYNTHETIC_PAIRS = ("mistakes", "near_miss", "ranked")  # preference.synthetic
+SAMPLED_PAIRS = ("mistakes", "ranked")  # the ones that sample the starting model
+
 
 @dataclass
 class PreferenceDataConfig:
     """``preference``: (prompt, chosen, rejected) pairs for ``rlsys rm`` and ``rlsys dpo``."""
 
     # .jsonl or .parquet rows with a prompt and a chosen and a rejected reply; null: pairs
-    # synthesised from the task (the reference answer chosen over a near miss; see
-    # docs/rlhf.md).
+    # synthesised from the task (preference.synthetic; see docs/rlhf.md).
     train_path: str | None = None
     eval_path: str | None = None  # null: hold out eval_size pairs of train_path
     eval_size: int = 256  # held-out pairs (pairwise accuracy is measured on them)
@@ -25,18 +27,25 @@ class PreferenceDataConfig:
     rejected_key: str = "rejected"  # column holding the other reply
     max_length: int = 256  # tokens of prompt + reply; longer pairs are skipped and counted
     synthetic_pairs: int = 4096  # synthetic pairs: training pairs drawn from the task
-    # Synthetic pairs' rejected reply: "policy" samples the starting model and takes a reply
-    # the task's verifier marks wrong (the mistakes a policy really makes, as when people
-    # label the SFT model's samples); "near_miss" changes a digit of the answer.
-    synthetic_rejected: str = "policy"
-    samples_per_prompt: int = 4  # synthetic_rejected=policy: replies sampled per prompt
+    # How synthetic pairs are made. "mistakes": the task's reference answer chosen over a
+    # reply of the starting model its verifier marks wrong (the mistakes a policy really
+    # makes); "near_miss": the reference answer over itself with a digit changed; "ranked":
+    # two replies of the starting model, the one the task's reward scores higher chosen (as
+    # when people rank the SFT model's samples; for graded rewards such as task=reviews).
+    synthetic: str = "mistakes"
+    samples_per_prompt: int = 4  # mistakes, ranked: replies sampled per prompt
 
     def __post_init__(self) -> None:
         positive("preference.eval_size", self.eval_size)
         positive("preference.max_length", self.max_length)
         positive("preference.synthetic_pairs", self.synthetic_pairs)
-        one_of("preference.synthetic_rejected", self.synthetic_rejected, ("policy", "near_miss"))
+        one_of("preference.synthetic", self.synthetic, SYNTHETIC_PAIRS)
         positive("preference.samples_per_prompt", self.samples_per_prompt)
+        if self.synthetic == "ranked" and self.samples_per_prompt < 2:
+            raise ConfigError(
+                f"preference.samples_per_prompt={self.samples_per_prompt}: "
+                "preference.synthetic=ranked compares two or more replies per prompt; use 4"
+            )
         if self.eval_path and not self.train_path:
             raise ConfigError(
                 "preference.eval_path is set but preference.train_path is null; give "

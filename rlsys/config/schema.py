@@ -94,9 +94,10 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     """The verifiable task: a built-in arithmetic family, a jsonl/parquet dataset, or the
-    prompts of a built-in environment (word_problems, guess_number; see ``task.env``)."""
+    prompts of a built-in environment (word_problems, guess_number; see ``task.env``), or
+    the RLHF example's review continuations (reviews; see ``rlsys.data.reviews``)."""
 
-    name: str = "arithmetic"  # arithmetic | file | word_problems | guess_number
+    name: str = "arithmetic"  # arithmetic | file | word_problems | guess_number | reviews
     reward: str = "exact_match"  # reward function from the rewards registry
     # Arithmetic difficulty knobs.
     digits: int = 2  # operands have 1..digits digits
@@ -123,7 +124,11 @@ class TaskConfig:
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn environment (null: none)
 
     def __post_init__(self) -> None:
-        one_of("task.name", self.name, ("arithmetic", "file", "word_problems", "guess_number"))
+        one_of(
+            "task.name",
+            self.name,
+            ("arithmetic", "file", "word_problems", "guess_number", "reviews"),
+        )
         one_of("task.style", self.style, ("compact", "question"))
         if self.style != "compact" and self.reverse_answer:
             raise ConfigError(

@@ -2,12 +2,18 @@
 a task, and packed into learner batches whose rows 2i and 2i+1 are pair i's chosen and
 rejected sequences.
 
-The synthetic labeller stands in for people comparing two replies: the chosen reply is the
-task's reference answer and the rejected one a reply of the starting policy that the task's
-verifier marks wrong (``preference.synthetic_rejected=policy``: the mistakes a reward model
-must catch when PPO samples that policy) or a near miss, the answer with one digit changed
-(two, a quarter of the time; also the fallback for a prompt the policy always gets right).
-The comparison needs the arithmetic, not the format: both replies look alike."""
+Synthetic pairs (``preference.synthetic``) stand in for people comparing two replies:
+
+* ``mistakes``: the task's reference answer chosen over a reply of the starting policy that
+  the task's verifier marks wrong (the mistakes a reward model must catch when PPO samples
+  that policy), or over a near miss for a prompt the policy always gets right.
+* ``near_miss``: the reference answer over itself with one digit changed (two, a quarter of
+  the time). The comparison needs the arithmetic, not the format: both replies look alike.
+* ``ranked``: two of the starting policy's replies, the one the task's reward scores higher
+  chosen (its best over its worst); a prompt whose replies all score the same gives no pair.
+  This is how people label the SFT model's samples in InstructGPT, with the task's reward
+  as the labeller; it suits graded rewards with no single right answer (``task=reviews``).
+"""
 
 from __future__ import annotations
 
@@ -16,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlsys.config.preference import PreferenceDataConfig
+from rlsys.config.preference import SAMPLED_PAIRS, PreferenceDataConfig
 from rlsys.data.collate import pack
 from rlsys.data.tasks import TaskSplits, hold_out, read_rows
-from rlsys.types import Prompt, TrainBatch
+from rlsys.types import Prompt, Sample, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +45,20 @@ class PreferenceSplits:
 
     train: list[PreferencePair]
     eval: list[PreferencePair]
-    source: str  # the file, or "synthetic:<task>"
+    source: str  # the file, or "synthetic:<preference.synthetic>"
     skipped_rows: int = 0  # malformed rows (missing or empty columns, chosen == rejected)
+    policy_pair_frac: float | None = None  # sampled synthetic pairs: made of policy replies
 
     def summary(self) -> dict:
-        return {
+        info = {
             "source": self.source,
             "train_pairs": len(self.train),
             "eval_pairs": len(self.eval),
             "skipped_malformed_rows": self.skipped_rows,
         }
+        if self.policy_pair_frac is not None:
+            info["policy_pair_frac"] = self.policy_pair_frac
+        return info
 
 
 def near_miss(answer: str, rng: np.random.Generator) -> str:
@@ -66,54 +76,83 @@ def near_miss(answer: str, rng: np.random.Generator) -> str:
     return "".join(chars)
 
 
+def mistake_pair(prompt: Prompt, replies: list[Sample], rng) -> tuple[str, str, bool]:
+    """``mistakes`` / ``near_miss``: (reference answer, first wrong reply or a near miss,
+    whether the rejected reply is the policy's)."""
+    wrong = next((s.text for s in replies if not s.correct and s.text), None)
+    if wrong is None:
+        return prompt.answer, near_miss(prompt.answer, rng), False
+    return prompt.answer, wrong, True
+
+
+def ranked_pair(prompt: Prompt, replies: list[Sample], rng) -> tuple[str, str, bool] | None:
+    """``ranked``: (the best-scored reply, the worst, True), or None when all score alike."""
+    best = max(replies, key=lambda s: s.reward, default=None)
+    worst = min(replies, key=lambda s: s.reward, default=None)
+    if best is None or best.reward <= worst.reward or best.text == worst.text:
+        return None
+    return best.text, worst.text, True
+
+
 def synthetic_pairs(
-    task: TaskSplits, cfg: PreferenceDataConfig, seed: int, sample_wrong=None
+    task: TaskSplits, cfg: PreferenceDataConfig, seed: int, sample=None
 ) -> PreferenceSplits:
     """``cfg.synthetic_pairs`` training pairs over the task's train prompts and
-    ``cfg.eval_size`` over its held-out prompts: the reference answer chosen over a reply
-    ``sample_wrong(prompts) -> [wrong reply or None]`` gives (a policy's mistake), else over a
-    near miss (see the module docstring)."""
+    ``cfg.eval_size`` over its held-out prompts (``ranked``: fewer, by the prompts whose
+    replies tied), made as ``cfg.synthetic`` says (see the module docstring) from the scored
+    replies ``sample(prompts) -> [[Sample, ...] per prompt]`` gives."""
     rng = np.random.default_rng([seed, 7])
+    make = ranked_pair if cfg.synthetic == "ranked" else mistake_pair
+    counts = {"prompts": 0, "sampled_pairs": 0}
 
     def draw(prompts: list[Prompt], count: int) -> list[PreferencePair]:
         picks = [
             prompts[int(i)]
             for i in rng.choice(len(prompts), size=count, replace=count > len(prompts))
         ]
-        wrong = sample_wrong(picks) if sample_wrong is not None else [None] * len(picks)
-        return [
-            PreferencePair(p, p.answer, w if w is not None else near_miss(p.answer, rng))
-            for p, w in zip(picks, wrong, strict=True)
-        ]
+        replies = sample(picks) if sample is not None else [[] for _ in picks]
+        pairs = []
+        for prompt, group in zip(picks, replies, strict=True):
+            made = make(prompt, group, rng)
+            if made is not None:
+                pairs.append(PreferencePair(prompt, made[0], made[1]))
+                counts["sampled_pairs"] += made[2]
+        counts["prompts"] += len(picks)
+        return pairs
 
-    return PreferenceSplits(
-        draw(task.train, cfg.synthetic_pairs),
-        draw(task.eval, cfg.eval_size),
-        f"synthetic:{cfg.synthetic_rejected}",
-    )
+    train, evals = draw(task.train, cfg.synthetic_pairs), draw(task.eval, cfg.eval_size)
+    if not train or not evals:
+        raise ValueError(
+            f"preference.synthetic={cfg.synthetic}: the starting model's replies to every "
+            "prompt scored alike, so no pair could be ranked; sample more replies "
+            "(preference.samples_per_prompt) or at a higher rollout.temperature"
+        )
+    splits = PreferenceSplits(train, evals, f"synthetic:{cfg.synthetic}")
+    if sample is not None:  # the fraction of prompts whose pair is made of the policy's replies
+        splits.policy_pair_frac = counts["sampled_pairs"] / max(1, counts["prompts"])
+    return splits
 
 
-def policy_mistakes(collector, sampling, seed: int):
-    """``sample_wrong`` for ``synthetic_pairs``: per prompt, the first of ``sampling.n``
-    replies the task's verifier marks wrong (None when all are right), and how many prompts
-    had one, sampled through ``collector`` (the starting model's rollout pool)."""
-    found = {"prompts": 0, "with_mistake": 0}
+def sample_replies(collector, sampling, seed: int):
+    """``sample`` for ``synthetic_pairs``: ``sampling.n`` scored replies of the starting
+    model per prompt, generated through ``collector`` (its rollout pool) 512 prompts at a
+    time."""
 
-    def sample_wrong(prompts: list[Prompt]) -> list[str | None]:
-        out: list[str | None] = []
+    def sample(prompts: list[Prompt]) -> list[list[Sample]]:
+        out: list[list[Sample]] = []
         chunk = 512
         for start in range(0, len(prompts), chunk):
-            groups = collector.collect(prompts[start : start + chunk], sampling, seed + start)
-            by_uid = {
-                g.prompt.uid: next((s.text for s in g.samples if not s.correct and s.text), None)
-                for g in groups
-            }
-            out += [by_uid.get(p.uid) for p in prompts[start : start + chunk]]
-        found["prompts"] += len(prompts)
-        found["with_mistake"] += sum(w is not None for w in out)
+            part = prompts[start : start + chunk]
+            groups = collector.collect(part, sampling, seed + start)
+            if len(groups) != len(part):
+                raise ValueError(
+                    f"{len(part) - len(groups)} of {len(part)} prompts were not sampled (over "
+                    "task.max_prompt_tokens?); screen the task's prompts first"
+                )
+            out += [g.samples for g in groups]
         return out
 
-    return sample_wrong, found
+    return sample
 
 
 def _rows_to_pairs(rows: list[dict], cfg: PreferenceDataConfig, uid0: int):
@@ -160,15 +199,13 @@ def file_pairs(cfg: PreferenceDataConfig, seed: int) -> PreferenceSplits:
 
 
 def load_pairs(
-    cfg: PreferenceDataConfig, task: TaskSplits, seed: int, sample_wrong=None
+    cfg: PreferenceDataConfig, task: TaskSplits, seed: int, sample=None
 ) -> PreferenceSplits:
-    """The pairs ``preference.*`` names: a file, else synthesised from ``task`` (with the
-    policy's mistakes from ``sample_wrong`` when ``synthetic_rejected=policy``)."""
+    """The pairs ``preference.*`` names: a file, else synthesised from ``task`` (from the
+    starting model's replies, ``sample``, when ``preference.synthetic`` samples them)."""
     if cfg.train_path:
         return file_pairs(cfg, seed)
-    return synthetic_pairs(
-        task, cfg, seed, sample_wrong if cfg.synthetic_rejected == "policy" else None
-    )
+    return synthetic_pairs(task, cfg, seed, sample if cfg.synthetic in SAMPLED_PAIRS else None)
 
 
 @dataclass

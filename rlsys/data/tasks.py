@@ -186,9 +186,14 @@ def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
 
 
 def synthetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
-    """Word problems or guessing games for the built-in environments."""
+    """Word problems or guessing games for the built-in environments, or review openings
+    for the RLHF example."""
+    from rlsys.data.reviews import REPLY_TOKENS, review_prompts
     from rlsys.data.word_problems import guess_games, word_problems
 
+    if cfg.name == "reviews":
+        train, evals = review_prompts(cfg, seed)
+        return TaskSplits(train, evals, cfg.max_new_tokens or REPLY_TOKENS)
     train, evals = (word_problems if cfg.name == "word_problems" else guess_games)(cfg, seed)
     return TaskSplits(train, evals, cfg.max_new_tokens or QUESTION_MAX_NEW_TOKENS)
 

@@ -26,7 +26,7 @@ def run(command: str, tmp_path: Path, name: str, *overrides: str) -> dict:
             f"run.name={name}",
             "preference.synthetic_pairs=1024",
             "preference.eval_size=128",
-            "preference.synthetic_rejected=near_miss",  # no sampling: pairs rebuilt below
+            "preference.synthetic=near_miss",  # no sampling: pairs rebuilt below
             *overrides,
         ],
         capture_output=True,
@@ -60,7 +60,7 @@ def test_reward_model_learns_and_plugs_into_the_reward_model_worker(tmp_path):
         [
             "preference.synthetic_pairs=1024",
             "preference.eval_size=128",
-            "preference.synthetic_rejected=near_miss",
+            "preference.synthetic=near_miss",
         ]
     )
     pairs = load_pairs(cfg.preference, load_task(cfg.task, 0), 0).eval
