@@ -223,12 +223,16 @@ def check_fits(
             )
     share = _share(cfg, pools)
     if cfg.placement.mode == "colocated" and len(pools) > share:  # reward pools on top
+        shared = sum(p.count * p.cpus / share for p in pools if p.name in TIME_SHARED)
         asked = sum(p.count * p.cpus / _split(p, share) for p in pools)
         if asked > total_cpus + 1e-9:
             raise ConfigError(
-                f"the colocated pools and the reward pools ask Ray for {asked:g} CPUs but it "
-                f"has {total_cpus:g}; lower reward.num_cpus_per_worker / reward.model.num_cpus "
-                "(fractions such as 0.25 are allowed) or the pools' CPUs"
+                f"the colocated pools ask Ray for {shared:g} CPUs and the reward pools for "
+                f"{asked - shared:g} more, {asked:g} in all, but it has {total_cpus:g}; lower "
+                "reward.num_cpus_per_worker / reward.model.num_cpus (fractions such as 0.25 "
+                "are allowed) or the colocated pools' CPUs (rollout.num_cpus_per_worker, "
+                "learner.num_cpus_per_rank), or, on a local Ray, give it more logical CPUs "
+                "with cluster.num_cpus (the colocated pools take turns on the cores)"
             )
         asked = sum(p.count * p.gpus / _split(p, share) for p in pools)
         if asked > total_gpus + 1e-9:

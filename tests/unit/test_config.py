@@ -182,7 +182,7 @@ def test_reward_pools_ask_for_their_own_cpus_beside_the_colocated_share():
     placement = plan_placement(cfg, roles)
     assert placement.reward.num_cpus == 0.25  # not split: reward workers run all the time
     assert placement.learner.num_cpus == cfg.learner.num_cpus_per_rank / 2  # learner, rollout
-    with pytest.raises(ConfigError, match="reward.num_cpus_per_worker"):
+    with pytest.raises(ConfigError, match=r"ask Ray for 2 CPUs and the reward pools for 0.5 more"):
         check_fits(cfg, total_cpus=2, total_gpus=0, roles=roles)  # 1 + 1 + 0.5 > 2
     check_fits(cfg, total_cpus=2.5, total_gpus=0, roles=roles)
     check_fits(cfg, total_cpus=2, total_gpus=0, roles=Roles())  # SFT starts no reward pools
