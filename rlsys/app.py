@@ -13,7 +13,6 @@ from pathlib import Path
 from rlsys.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.collector import RolloutCollector
 from rlsys.config.loader import to_yaml
-from rlsys.config.preference import SAMPLED_PAIRS
 from rlsys.config.schema import TrainConfig
 from rlsys.data.tasks import TaskSplits, load_task
 from rlsys.launch.local import connect_ray, preflight
@@ -272,6 +271,19 @@ def _starting_model(cfg: TrainConfig, tokenizer, task: TaskSplits, run_dir: Path
     return base, None
 
 
+def _preference_setup(cfg: TrainConfig, kind: str):
+    """What ``rlsys rm`` and ``rlsys dpo`` start from: checks, the run directory, Ray, the
+    tokenizer, the screened task and the starting model (warm-started if enabled)."""
+    preflight(cfg, Roles())
+    run_dir = make_run_dir(cfg, kind)
+    log.info("run directory: %s", run_dir)
+    connect_ray(cfg, Roles())
+    tokenizer = load_tokenizer(resolve_model_path(cfg.model))
+    task = _screened_task(cfg, tokenizer)
+    start, warm = _starting_model(cfg, tokenizer, task, run_dir)
+    return run_dir, tokenizer, task, start, warm
+
+
 def _load_pairs(cfg: TrainConfig, task: TaskSplits, generate, tokenizer):
     """``preference.*``'s pairs; synthetic pairs made of the starting model's replies
     (``preference.synthetic``: mistakes, ranked) sample them through ``generate`` (its
@@ -280,7 +292,7 @@ def _load_pairs(cfg: TrainConfig, task: TaskSplits, generate, tokenizer):
     from rlsys.types import SamplingParams
 
     pref = cfg.preference
-    if pref.train_path or pref.synthetic not in SAMPLED_PAIRS:
+    if not pref.samples_policy:
         return load_pairs(pref, task, cfg.run.seed)
     sampling = SamplingParams(
         n=pref.samples_per_prompt,
@@ -350,16 +362,10 @@ def rm(cfg: TrainConfig) -> Path:
     from rlsys.workers.rollout import RolloutPool
 
     started = time.perf_counter()
-    preflight(cfg, Roles())
-    run_dir = make_run_dir(cfg, "rm")
-    log.info("run directory: %s", run_dir)
-    connect_ray(cfg, Roles())
-    tokenizer = load_tokenizer(resolve_model_path(cfg.model))
-    task = _screened_task(cfg, tokenizer)
-    start, warm = _starting_model(cfg, tokenizer, task, run_dir)
+    run_dir, tokenizer, task, start, warm = _preference_setup(cfg, "rm")
     placement = plan_placement(cfg, Roles())
     rollout = None
-    if not cfg.preference.train_path and cfg.preference.synthetic in SAMPLED_PAIRS:
+    if cfg.preference.samples_policy:
         rollout = RolloutPool(cfg.rollout, placement.rollout, start, cfg.model.dtype)
     try:
         train, evals, data = _pairs(
@@ -401,13 +407,7 @@ def dpo(cfg: TrainConfig) -> Path:
     from rlsys.pools import start_pools
 
     started = time.perf_counter()
-    preflight(cfg, Roles())
-    run_dir = make_run_dir(cfg, "dpo")
-    log.info("run directory: %s", run_dir)
-    connect_ray(cfg, Roles())
-    tokenizer = load_tokenizer(resolve_model_path(cfg.model))
-    task = _screened_task(cfg, tokenizer)
-    start, warm = _starting_model(cfg, tokenizer, task, run_dir)
+    run_dir, tokenizer, task, start, warm = _preference_setup(cfg, "dpo")
     pools = start_pools(cfg, start, Roles(), temperature=1.0)
     tracker = Tracker(run_dir, cfg.tracking, run_dir.name, _plain(cfg), cfg.dpo.max_steps, "dpo ")
     final = run_dir / "checkpoints" / "final"

@@ -35,6 +35,11 @@ class PreferenceDataConfig:
     synthetic: str = "mistakes"
     samples_per_prompt: int = 4  # mistakes, ranked: replies sampled per prompt
 
+    @property
+    def samples_policy(self) -> bool:
+        """Whether the pairs are synthesised from the starting model's sampled replies."""
+        return not self.train_path and self.synthetic in SAMPLED_PAIRS
+
     def __post_init__(self) -> None:
         positive("preference.eval_size", self.eval_size)
         positive("preference.max_length", self.max_length)

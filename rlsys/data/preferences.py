@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlsys.config.preference import SAMPLED_PAIRS, PreferenceDataConfig
+from rlsys.config.preference import PreferenceDataConfig
 from rlsys.data.collate import pack
 from rlsys.data.tasks import TaskSplits, hold_out, read_rows
 from rlsys.types import Prompt, Sample, TrainBatch
@@ -205,7 +205,7 @@ def load_pairs(
     starting model's replies, ``sample``, when ``preference.synthetic`` samples them)."""
     if cfg.train_path:
         return file_pairs(cfg, seed)
-    return synthetic_pairs(task, cfg, seed, sample if cfg.synthetic in SAMPLED_PAIRS else None)
+    return synthetic_pairs(task, cfg, seed, sample if cfg.samples_policy else None)
 
 
 @dataclass
