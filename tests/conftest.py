@@ -34,6 +34,51 @@ def _register_test_rewards() -> None:
 _register_test_rewards()
 
 
+# In CI (CI=true) .ci/run installs everything the suite needs, so a skip there means a test
+# that should have run did not: it fails instead. Only tests that need a GPU may skip.
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped and "gpu" not in item.keywords and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        reason = str(reason).removeprefix("Skipped: ")
+        report.longrepr = f"CI=true expects this test to run, but it skipped: {reason}"
+
+
+_TIERS: dict[str, tuple[int, float]] = {}  # tier (tests/<tier>/...) -> (tests, seconds)
+
+
+def pytest_runtest_logreport(report):
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    count, seconds = _TIERS.get(tier, (0, 0.0))
+    _TIERS[tier] = (count + (report.when == "setup"), seconds + report.duration)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Seconds per tier (set-up, call and tear-down of its tests), then one line that lists
+    every skipped test and why (none may hide in the log)."""
+    if not _TIERS:  # nothing ran (--collect-only)
+        return
+    for tier, (count, seconds) in sorted(_TIERS.items()):
+        terminalreporter.write_line(f"tier {tier}: {count} tests, {seconds:.0f} s")
+    skipped = terminalreporter.stats.get("skipped", [])
+    reasons = []
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        reasons.append(f"{report.nodeid} ({str(reason).removeprefix('Skipped: ')})")
+    terminalreporter.write_line(f"skipped tests: {len(reasons)}: " + "; ".join(reasons))
+    path = os.environ.get("RLSYS_SKIP_REPORT")
+    if path:  # .ci/run gathers each tier's line into one at the end of the log
+        with open(path, "a") as f:
+            f.writelines(f"{r}\n" for r in reasons)
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

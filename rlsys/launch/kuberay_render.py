@@ -12,7 +12,7 @@ import json
 import posixpath
 import re
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -43,7 +43,7 @@ def resolve_name(cfg: TrainConfig, now: datetime | None = None) -> str:
         if not slug[:1].isalpha():
             slug = f"rlsys-{slug}"
         return slug[: MAX_NAME[kuberay.kind]].rstrip("-")
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     return f"rlsys-{now:%Y%m%d-%H%M%S}"
 
 

@@ -14,6 +14,8 @@ import torch.multiprocessing as mp
 from rlsys.config.learner import DeepSpeedConfig, LearnerConfig, OptimConfig
 from rlsys.data.collate import pack
 
+NO_DEEPSPEED = "DeepSpeed is not installed: bash scripts/setup.sh installs it (DS_BUILD_OPS=0)"
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from backend_harness import build, full_state, run_ranks, toy_batch
+from backend_harness import NO_DEEPSPEED, build, full_state, run_ranks, toy_batch
 
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.backends.checkpoint import BackendCheckpointError
@@ -23,7 +23,7 @@ OPTIM = {"warmup_steps": 2, "min_lr_ratio": 0.5}  # the run's config (set_lr's v
 
 def _needs(kind: str) -> None:
     if kind != "fsdp2":
-        pytest.importorskip("deepspeed")
+        pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
 
 
 def _continue(backend, model_dir: str) -> dict:
@@ -186,7 +186,7 @@ def _load_errors(rank, world_size, model_dir, cases):
 def test_bad_checkpoints_fail_naming_the_path_and_the_fix(saved, tiny_model_dir, tmp_path):
     """Missing, damaged, other-backend and other-world-size checkpoints raise
     BackendCheckpointError naming the path; export_hf refuses a critic checkpoint."""
-    pytest.importorskip("deepspeed")
+    pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
     fsdp_ckpt = saved("fsdp2")[0] / "ckpt"
     zero2_ckpt = saved("zero2")[0] / "ckpt"
     corrupt = tmp_path / "corrupt"
@@ -236,7 +236,7 @@ def test_learner_group_picks_deepspeed_and_checkpoints_through_ray(
 ):
     """LearnerGroup with backend=deepspeed: its ranks build ZeRO engines on their process
     group; save_checkpoint / load_checkpoint on every rank rewind training exactly."""
-    pytest.importorskip("deepspeed")
+    pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
     from backend_harness import learner_config
 
     from rlsys.placement import ActorResources

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from backend_harness import build, full_state, run_ranks, toy_batch
+from backend_harness import NO_DEEPSPEED, build, full_state, run_ranks, toy_batch
 
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
 
@@ -63,7 +63,7 @@ def test_deepspeed_two_ranks_train_exactly_like_one_and_like_fsdp(tiny_model_dir
     """Policy and critic: ZeRO over 2 ranks gives one process's forward, loss, grad norm and
     update, and one DeepSpeed process matches one FSDP2 process (same AdamW, clipping and
     warm-up); ZeRO-3's bucketed gather respects the size limit."""
-    pytest.importorskip("deepspeed")
+    pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
     one = run_ranks(_train, 1, tmp_path / "ws1", tiny_model_dir, [kind, "fsdp2"])[0]
     two = run_ranks(_train, 2, tmp_path / "ws2", tiny_model_dir, [kind])
     from rlsys.models.loading import load_model
@@ -137,7 +137,7 @@ def test_nonfinite_grad_norm_skips_the_step_and_leaves_no_trace(tiny_model_dir, 
     """A NaN grad norm skips every optimizer step of the call (counted in skipped_steps) with
     weights and optimizer state untouched: the next good step equals a fresh backend's."""
     if backend == "deepspeed":
-        pytest.importorskip("deepspeed")
+        pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
     results = run_ranks(_nonfinite, 2, tmp_path, tiny_model_dir, NONFINITE[backend])[0]
     for setup, r in results.items():
         assert r["bad"]["skipped_steps"] == 2, setup
@@ -149,11 +149,11 @@ def test_nonfinite_grad_norm_skips_the_step_and_leaves_no_trace(tiny_model_dir, 
         assert r["steps"] == (2, 2), setup
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_cpu_optimizer_offload_trains_like_the_device_optimizer(tiny_model_dir, tmp_path):
     """ZeRO-2/3 with DeepSpeedCPUAdam (optimizer offload) take the same steps as with AdamW
     (compiles the CPU Adam op once: ~40 s cold)."""
-    pytest.importorskip("deepspeed")
+    pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
     kinds = ["zero2", "zero2_offload", "zero3", "zero3_offload"]
     out = run_ranks(_train, 2, tmp_path, tiny_model_dir, kinds)[0]
     for stage in ("zero2", "zero3"):

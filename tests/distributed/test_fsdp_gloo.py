@@ -2,74 +2,56 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
-from backend_harness import free_port, toy_batch
+from backend_harness import run_ranks, toy_batch
 
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
 from rlsys.config.learner import OptimConfig
 
 
-def _worker(rank, world_size, port, model_dir, objective, bucket_bytes, out_dir, role):
-    import torch.distributed as dist
-
+def _train(rank, world_size, model_dir, cases, bucket_bytes):
+    """Per case: forward, one train_step of 2 mini-batches, the full weights in buckets (a fresh
+    backend each; one set of processes serves every case, as process start-up dominates)."""
     from rlsys.backends.fsdp import FSDP2Backend
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    backend = FSDP2Backend(
-        model_dir,
-        "float32",
-        OptimConfig(lr=1e-3, warmup_steps=0),
-        micro_batch_size=2,
-        temperature=1.0,
-        device=torch.device("cpu"),
-        role=role,
-    )
     batch = toy_batch(model_dir)
-    forward = backend.forward_logprobs if role == "policy" else backend.forward_values
-    rows, logprobs = forward(batch)
-    metrics = backend.train_step(batch, objective, num_mini_batches=2, epochs=1, seed=0)
-    buckets = list(backend.iter_weight_buckets(bucket_bytes))
-    if rank == 0:
-        state = {k: v for b in buckets for k, v in b.items()}
-        sizes = [sum(t.numel() * t.element_size() for t in b.values()) for b in buckets]
-        biggest = max(t.numel() * t.element_size() for t in state.values())
-        torch.save(
-            {
-                "state": state,
-                "metrics": metrics,
-                "sizes": sizes,
-                "biggest": biggest,
-                "n_buckets": len(buckets),
-            },
-            os.path.join(out_dir, "out.pt"),
+    out = {}
+    for case in cases:
+        objective, role = OBJECTIVES[case]
+        backend = FSDP2Backend(
+            model_dir,
+            "float32",
+            OptimConfig(lr=1e-3, warmup_steps=0),
+            micro_batch_size=2,
+            temperature=1.0,
+            device=torch.device("cpu"),
+            role=role,
         )
-    torch.save({"rows": rows, "logprobs": logprobs}, os.path.join(out_dir, f"fwd{rank}.pt"))
-    dist.destroy_process_group()
+        forward = backend.forward_logprobs if role == "policy" else backend.forward_values
+        rows, logprobs = forward(batch)
+        metrics = backend.train_step(batch, objective, num_mini_batches=2, epochs=1, seed=0)
+        buckets = list(backend.iter_weight_buckets(bucket_bytes))
+        state = {k: v for b in buckets for k, v in b.items()}
+        out[case] = {
+            "rows": rows,
+            "logprobs": logprobs,
+            "metrics": metrics,
+            "state": state,
+            "sizes": [sum(t.numel() * t.element_size() for t in b.values()) for b in buckets],
+            "biggest": max((t.numel() * t.element_size() for t in state.values()), default=0),
+            "n_buckets": len(buckets),
+        }
+    return out
 
 
-def _run(world_size, model_dir, objective, tmp_path, bucket_bytes=1 << 30, role="policy"):
-    out = tmp_path / f"ws{world_size}"
-    out.mkdir()
-    mp.spawn(
-        _worker,
-        args=(world_size, free_port(), model_dir, objective, bucket_bytes, str(out), role),
-        nprocs=world_size,
-        join=True,
-    )
-    result = torch.load(out / "out.pt", weights_only=False)
-    fwd = [torch.load(out / f"fwd{r}.pt", weights_only=False) for r in range(world_size)]
-    logprobs = np.zeros((11, fwd[0]["logprobs"].shape[1]), np.float32)
-    for part in fwd:
-        logprobs[part["rows"]] = part["logprobs"]
-    return result, logprobs
+def _logprobs(results: list[dict], case: str) -> np.ndarray:
+    """The forward pass's rows, gathered from every rank."""
+    logprobs = np.zeros((11, results[0][case]["logprobs"].shape[1]), np.float32)
+    for part in results:
+        logprobs[part[case]["rows"]] = part[case]["logprobs"]
+    return logprobs
 
 
 OBJECTIVES = {
@@ -81,14 +63,22 @@ OBJECTIVES = {
 }
 
 
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir, tmp_path_factory) -> tuple[list[dict], list[dict]]:
+    """Every case trained on 1 rank and on 2 ranks: what each rank returned."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    one = run_ranks(_train, 1, tmp / "ws1", tiny_model_dir, list(OBJECTIVES), 1 << 30)
+    two = run_ranks(_train, 2, tmp / "ws2", tiny_model_dir, list(OBJECTIVES), 1 << 30)
+    return one, two
+
+
 @pytest.mark.parametrize("case", list(OBJECTIVES))
-def test_two_ranks_train_exactly_like_one(tiny_model_dir, tmp_path, case):
+def test_two_ranks_train_exactly_like_one(tiny_model_dir, trained, case):
     """Every loss aggregation (token mean, sequence means, constant normaliser) and the critic
     give one process's loss, gradient and update when sharded over 2 ranks."""
-    objective, role = OBJECTIVES[case]
-    one, lp1 = _run(1, tiny_model_dir, objective, tmp_path, role=role)
-    two, lp2 = _run(2, tiny_model_dir, objective, tmp_path, role=role)
-    np.testing.assert_allclose(lp1, lp2, atol=1e-5)  # sharded forward == unsharded
+    role = OBJECTIVES[case][1]
+    one, two = trained[0][0][case], trained[1][0][case]
+    np.testing.assert_allclose(_logprobs(trained[0], case), _logprobs(trained[1], case), atol=1e-5)
     assert one["metrics"]["trained_tokens"] == two["metrics"]["trained_tokens"]
     assert one["metrics"]["loss"] == pytest.approx(two["metrics"]["loss"], rel=1e-4)
     assert one["metrics"]["grad_norm"] == pytest.approx(two["metrics"]["grad_norm"], rel=1e-4)
@@ -116,7 +106,7 @@ def test_weight_buckets_respect_the_size_limit_and_send_tied_weights_once(tmp_pa
 
     tied_dir = str(builtin_dir(ModelConfig(tie_word_embeddings=True)))
     limit = 64 * 1024
-    out, _ = _run(2, tied_dir, SFTObjective(), tmp_path, bucket_bytes=limit)
+    out = run_ranks(_train, 2, tmp_path, tied_dir, ["sft"], limit)[0]["sft"]
     assert out["n_buckets"] > 3
     assert all(size <= max(limit, out["biggest"]) for size in out["sizes"])
     # tied embeddings are sent once

@@ -47,7 +47,16 @@ def test_every_documented_preset_exists():
     assert sorted(DOCUMENTED) == PRESETS
 
 
-@pytest.mark.parametrize("name", PRESETS)
+# CI runs one preset of each shape of run (policy only, critic, reference, greedy baseline,
+# dynamic sampling); presets that differ from these only in their loss or advantage function
+# (unit-tested in tests/unit/test_algorithms.py) run in the long tier.
+LOSS_VARIANTS = {"dr_grpo", "gspo", "rloo", "reinforce_pp_baseline"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(p, marks=pytest.mark.long) if p in LOSS_VARIANTS else p for p in PRESETS],
+)
 def test_preset_trains_end_to_end(name, run_controller):
     summary, steps = run_controller(SMALL + [f"algorithm={name}"])
     assert summary["steps"] == 2 and len(steps) == 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
+@pytest.mark.parametrize("engine", [pytest.param("hf", marks=pytest.mark.long), "vllm"])
 def test_async_run_with_partial_rollouts(engine, run_controller):
     staleness = 2
     summary, records = run_controller(

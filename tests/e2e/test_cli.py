@@ -66,10 +66,13 @@ def test_cfg_job_prints_the_resolved_config():
 @pytest.mark.parametrize(
     "topology",
     [
-        ["learner.world_size=1"],
-        ["learner.world_size=2", "rollout.num_workers=2", "rollout.num_cpus_per_worker=1"],
+        # one rank is the simpler topology: CI runs the other (the long tier runs both)
+        pytest.param(["learner.world_size=1"], marks=pytest.mark.long, id="ws1"),
+        pytest.param(
+            ["learner.world_size=2", "rollout.num_workers=2", "rollout.num_cpus_per_worker=1"],
+            id="ws2-rw2",
+        ),
     ],
-    ids=["ws1", "ws2-rw2"],
 )
 def test_train_runs_on_each_topology_and_leaves_its_outputs(tmp_path, topology):
     run, summary, result = _run_ok("train", tmp_path, "r", *SHORT, *topology)

@@ -36,6 +36,7 @@ def _balanced(summary: dict, steps: int) -> None:
     assert accounting["samples_dropped"]["failed"] == 0
 
 
+@pytest.mark.long  # CI resizes with `rlsys scale` and checks new workers' weights
 def test_schedule_grows_then_shrinks_the_pool_while_async(run_controller):
     summary, records = run_controller(
         [

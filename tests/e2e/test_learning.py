@@ -38,6 +38,15 @@ def train(tmp_path: Path, name: str, *overrides: str, timeout: float = 900) -> d
 
 
 @pytest.mark.slow
+def test_grpo_raises_accuracy_within_150_steps(tmp_path):
+    """The default job cut to 150 of its 400 steps (CI's learning check; the full demo is in
+    the long tier). Measured: 0.53 -> 0.65-0.78 around step 150 in the full run."""
+    summary = train(tmp_path, "grpo150", "trainer.total_steps=150", "trainer.eval_every=0")
+    assert summary["eval_num_prompts"] >= 200
+    assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.10
+
+
+@pytest.mark.long
 def test_default_demo_reaches_the_accuracy_bar(tmp_path):
     summary = train(tmp_path, "demo")
     assert summary["eval_num_prompts"] >= 200
@@ -45,7 +54,7 @@ def test_default_demo_reaches_the_accuracy_bar(tmp_path):
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.30
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ppo_with_a_critic_raises_accuracy(tmp_path):
     """PPO (critic, GAE, KL reward penalty) from the same cached warm start as the demo."""
     summary = train(

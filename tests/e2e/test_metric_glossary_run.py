@@ -11,7 +11,9 @@ import pytest
 from rlsys.report import write_report
 
 
-@pytest.mark.slow  # about 75 s on 2 cores: policy, critic, reference and 2 engines start
+# long tier (about 40-75 s on 2 cores: policy, critic, reference and 2 engines start); CI checks
+# the keys the code logs statically (tests/unit/test_metric_glossary.py)
+@pytest.mark.long
 def test_every_key_of_a_run_is_in_the_glossary(run_controller, glossary, tmp_path):
     _, steps = run_controller(
         [

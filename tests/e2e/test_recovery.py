@@ -81,7 +81,7 @@ def _check_accounting(summary: dict) -> None:
     assert acc["samples_issued"] == acc["samples_trained"] + sum(acc["samples_dropped"].values())
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize("staleness", [pytest.param(0, marks=pytest.mark.long), 1])
 def test_a_killed_rollout_worker_is_replaced_and_its_prompts_reissued(
     ray_cpu, tiny_model_dir, tmp_path, staleness
 ):

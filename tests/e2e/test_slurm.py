@@ -60,7 +60,10 @@ def slurm() -> None:
     """The single-node Slurm, installed and started if need be (idempotent)."""
     result = _run(["bash", str(ROOT / "scripts" / "ci" / "slurm_up.sh")], timeout=600)
     if result.returncode == 3:
-        pytest.skip(f"Slurm cannot run here: {result.stderr.strip()}")
+        pytest.skip(
+            f"Slurm cannot run here: {result.stderr.strip()}; the test installs and starts "
+            "Slurm itself when run as root on a Debian-based machine with apt-get"
+        )
     assert result.returncode == 0, f"scripts/ci/slurm_up.sh failed:\n{result.stderr}"
 
 

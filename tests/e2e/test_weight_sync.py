@@ -19,7 +19,9 @@ from rlsys.pools import start_pools
 from rlsys.types import SamplingParams
 
 CASES = [  # engine, transport, CPU data plane, learner ranks, engines, engine TP size
-    ("hf", "object_store", "auto", 1, 2, 1),
+    pytest.param(
+        "hf", "object_store", "auto", 1, 2, 1, marks=pytest.mark.long
+    ),  # the 2-rank case runs in CI
     ("hf", "object_store", "auto", 2, 2, 1),
     ("vllm", "object_store", "auto", 1, 2, 1),
     ("vllm", "collective", "shm", 2, 2, 1),

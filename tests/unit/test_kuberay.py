@@ -1,4 +1,5 @@
-"""KubeRay launcher: rendered manifests validate against the KubeRay CRDs (no cluster here),
+"""KubeRay launcher: rendered manifests validate against the KubeRay CRDs' schema facts
+(tests/fixtures/kuberay_schema.json, cut from the CRDs by scripts/kuberay_schema.py; no cluster here),
 pools reach their worker groups, the committed k8s/ files are current, and kubectl is driven
 as documented (a fake kubectl script records what it is given)."""
 
@@ -9,7 +10,7 @@ import json
 import os
 import shlex
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import jsonschema
@@ -27,10 +28,9 @@ from rlsys.launch.kuberay_groups import worker_groups
 from rlsys.launch.kuberay_render import job_overrides, render, resolve_name
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMAS = REPO.parent / "shared" / "schemas" / "kuberay"
+SCHEMA = REPO / "tests" / "fixtures" / "kuberay_schema.json"
 K8S_FILES = ("rayjob.yaml", "raycluster.yaml")  # every committed manifest in k8s/
-# The schema of each kind, keyed by kind.
-CRD_FILES = {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}
+CRD_KINDS = ("RayJob", "RayCluster")
 OBJECT_META = {"name", "namespace", "labels", "annotations"}  # what the renderer may set
 
 # A GPU run with pools of their own, pinned to their groups, on tainted GPU nodes: the values
@@ -134,16 +134,8 @@ def configured(base: TrainConfig, changes: dict) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def crds() -> dict[str, dict]:
-    """The v1 openAPIV3Schema of each KubeRay kind, from shared/schemas/kuberay."""
-    if not SCHEMAS.is_dir():
-        pytest.fail(f"KubeRay CRD schemas not found at {SCHEMAS}: shared/ must sit beside the repo")
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 1 s instead of 6
-    schemas = {}
-    for kind, name in CRD_FILES.items():
-        crd = yaml.load((SCHEMAS / name).read_text(), Loader=loader)
-        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-        schemas[kind] = version["schema"]["openAPIV3Schema"]
-    return schemas
+    """The v1 openAPIV3Schema of each KubeRay kind, as far as rlsys's manifests reach."""
+    return json.loads(SCHEMA.read_text())["kinds"]
 
 
 def _structural_errors(value, schema: dict, path: str) -> list[str]:
@@ -164,7 +156,9 @@ def _structural_errors(value, schema: dict, path: str) -> list[str]:
                 errors += _structural_errors(item, props[key], f"{path}.{key}")
             elif isinstance(extra, dict):
                 errors += _structural_errors(item, extra, f"{path}.{key}")
-            elif not schema.get("x-kubernetes-preserve-unknown-fields"):
+            elif not schema.get("x-kubernetes-preserve-unknown-fields") and not schema.get(
+                "x-rlsys-unchecked"
+            ):
                 errors.append(f"{path}.{key}: unknown field (the API server would drop it)")
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
@@ -192,7 +186,7 @@ def rendered(cfg: TrainConfig, name: str = "test-run") -> list[dict]:
 
 
 def _main_doc(docs: list[dict]) -> dict:
-    (doc,) = [d for d in docs if d["kind"] in CRD_FILES]
+    (doc,) = [d for d in docs if d["kind"] in CRD_KINDS]
     return doc
 
 
@@ -208,7 +202,7 @@ def _groups(doc: dict) -> dict[str, dict]:
 def test_every_rendered_variant_validates_against_the_crds(variant, base, crds):
     docs = rendered(configured(base, VARIANTS[variant]))
     kinds = [d["kind"] for d in docs]
-    assert kinds[-1] in CRD_FILES and set(kinds[:-1]) <= {"PersistentVolumeClaim"}
+    assert kinds[-1] in CRD_KINDS and set(kinds[:-1]) <= {"PersistentVolumeClaim"}
     assert crd_errors(docs[-1], crds) == [], variant
 
 
@@ -401,7 +395,7 @@ def test_group_settings_the_placement_mode_ignores_are_an_error(base):
 
 
 def test_names_come_from_the_config(base):
-    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert resolve_name(base, now) == "rlsys-20260102-030405"
     assert resolve_name(configured(base, {"run.name": "My_Run.v2"})) == "my-run-v2"
     assert resolve_name(configured(base, {"run.name": "2026-sweep"})) == "rlsys-2026-sweep"
@@ -608,7 +602,7 @@ def test_committed_manifests_are_current_and_valid(name, capsys, crds):
         f"{path} is stale; regenerate it with: {first.removeprefix('# Rendered by: ')} > k8s/{name}"
     )
     for doc in yaml.safe_load_all(text):
-        if doc["kind"] in CRD_FILES:
+        if doc["kind"] in CRD_KINDS:
             assert crd_errors(doc, crds) == []
 
 

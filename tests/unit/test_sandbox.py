@@ -39,7 +39,10 @@ def isolated():
     if not support.isolated:
         if os.geteuid() == 0:
             pytest.fail(f"running as root, yet the sandbox is not isolated: {support.reason}")
-        pytest.skip(f"no namespaces for a non-root user here: {support.reason}")
+        pytest.skip(
+            f"no namespaces for a non-root user here: {support.reason}; run the tests as root, "
+            "or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+        )
     return support
 
 
