@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Long tier: each case is two or more `rlsys train` runs of fixed start-up cost, and the
+# benchmark's own run is what its figures come from; CI runs the step and weight-sync benchmarks.
+pytestmark = pytest.mark.long
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_async.py"
 KEYS = {"mode", "max_staleness", "samples_per_s", "speedup_vs_sync", "eval_accuracy_after"}
 

@@ -18,14 +18,15 @@ from rlsys.placement import Roles
 from rlsys.pools import start_pools
 from rlsys.types import SamplingParams
 
+# CI covers each engine, transport and data plane once, and the tensor-parallel reshard; the
+# 1-rank variants run in the long tier.
+LONG = pytest.mark.long
 CASES = [  # engine, transport, CPU data plane, learner ranks, engines, engine TP size
-    pytest.param(
-        "hf", "object_store", "auto", 1, 2, 1, marks=pytest.mark.long
-    ),  # the 2-rank case runs in CI
+    pytest.param("hf", "object_store", "auto", 1, 2, 1, marks=LONG),
     ("hf", "object_store", "auto", 2, 2, 1),
-    ("vllm", "object_store", "auto", 1, 2, 1),
+    pytest.param("vllm", "object_store", "auto", 1, 2, 1, marks=LONG),
     ("vllm", "collective", "shm", 2, 2, 1),
-    ("vllm", "collective", "gloo", 1, 2, 1),
+    pytest.param("vllm", "collective", "gloo", 1, 2, 1, marks=LONG),
     ("hf", "collective", "gloo", 2, 2, 1),
     ("vllm", "collective", "shm", 2, 1, 2),  # 2 FSDP2 shards -> full tensors -> 2 TP shards
 ]

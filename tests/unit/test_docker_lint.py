@@ -64,12 +64,17 @@ def test_images_install_with_setup_sh_and_keep_the_venv_out(dockerfile):
 
 @pytest.fixture
 def fake_env(tmp_path) -> tuple[dict, Path, Path]:
-    """A venv whose python only logs its arguments, and a bin dir for a fake nvidia-smi."""
+    """A venv whose python logs its arguments, says it is Python 3.11 and, to the torch step's
+    questions (``python - ...``), that a CPU build of torch is installed; and a bin dir for a
+    fake nvidia-smi."""
     venv, tools, log = tmp_path / "venv", tmp_path / "tools", tmp_path / "python.log"
     (venv / "bin").mkdir(parents=True)
     tools.mkdir()
     python = venv / "bin" / "python"
-    python.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    python.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\n'
+        'case "$*" in *version_info*) echo 3.11 ;; "- "*) echo cpu ;; esac\n'
+    )
     python.chmod(0o755)
     (venv / "bin" / "activate").write_text(f'PATH="{venv / "bin"}:$PATH"\nexport PATH\n')
     env = {"PATH": f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin", "RLSYS_VENV": str(venv)}
