@@ -39,14 +39,19 @@ _register_test_rewards()
 IN_CI = os.environ.get("CI") == "true"
 
 
+def _skip_reason(report) -> str:
+    """Why a skipped test report skipped, without pytest's "Skipped: " prefix."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+    return str(reason).removeprefix("Skipped: ")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if IN_CI and report.skipped and "gpu" not in item.keywords and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        reason = _skip_reason(report)
         report.outcome = "failed"
-        reason = str(reason).removeprefix("Skipped: ")
         report.longrepr = f"CI=true expects this test to run, but it skipped: {reason}"
 
 
@@ -68,13 +73,10 @@ def pytest_terminal_summary(terminalreporter):
     for tier, (count, seconds) in sorted(_TIERS.items()):
         terminalreporter.write_line(f"tier {tier}: {count} tests, {seconds:.0f} s")
     skipped = terminalreporter.stats.get("skipped", [])
-    reasons = []
-    for report in skipped:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-        reasons.append(f"{report.nodeid} ({str(reason).removeprefix('Skipped: ')})")
+    reasons = [f"{report.nodeid} ({_skip_reason(report)})" for report in skipped]
     terminalreporter.write_line(f"skipped tests: {len(reasons)}: " + "; ".join(reasons))
     path = os.environ.get("RLSYS_SKIP_REPORT")
-    if path:  # .ci/run gathers each tier's line into one at the end of the log
+    if path:  # scripts/test.sh repeats the list as the last line of its output
         with open(path, "a") as f:
             f.writelines(f"{r}\n" for r in reasons)
 
