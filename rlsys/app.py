@@ -12,13 +12,14 @@ from pathlib import Path
 
 from rlsys.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.collector import RolloutCollector
+from rlsys.config.errors import ConfigError
 from rlsys.config.loader import to_yaml
 from rlsys.config.schema import TrainConfig
 from rlsys.data.tasks import TaskSplits, load_task
 from rlsys.launch.local import connect_ray, preflight
-from rlsys.models.loading import load_tokenizer, resolve_model_path
+from rlsys.models.loading import check_model_path, load_tokenizer, resolve_model_path
 from rlsys.placement import Roles
-from rlsys.run_dir import make_run_dir, write_summary
+from rlsys.run_dir import check_output_dir, make_run_dir, write_summary
 from rlsys.tracking import Tracker
 
 log = logging.getLogger("rlsys")
@@ -105,28 +106,47 @@ def warm_start(
 
 
 @contextlib.contextmanager
-def _on_sigterm(event: threading.Event):
-    """While the block runs, SIGTERM (Slurm and Kubernetes preemption) sets ``event``: the
-    controller checkpoints after the current step and stops."""
+def _on_stop_signals(event: threading.Event, stopped_by: list[str]):
+    """While the block runs, SIGTERM (Slurm and Kubernetes preemption) and SIGINT (Ctrl-C)
+    set ``event``: the controller checkpoints after the current step and stops; the signal's
+    name is appended to ``stopped_by``. A second SIGINT interrupts at once."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be installed on the main thread
         return
 
     def handler(signum, frame):
-        log.warning("SIGTERM: checkpointing after the current step, then exiting")
+        name = signal.Signals(signum).name
+        if name == "SIGINT" and name in stopped_by:
+            raise KeyboardInterrupt
+        log.warning(
+            "%s: checkpointing after the current step, then exiting%s",
+            name,
+            " (Ctrl-C again to stop at once, without a checkpoint)" if name == "SIGINT" else "",
+        )
+        stopped_by.append(name)
         event.set()
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
-def _screened_task(cfg: TrainConfig, tokenizer) -> TaskSplits:
-    """The task's splits without prompts too long to use; logs what was left out."""
+def _inputs(cfg: TrainConfig, rl: bool = True):
+    """The model directory, its tokenizer and the task's splits without prompts too long to
+    use: every input checked (the model path, the dataset files and, for RL (``rl``), the
+    batch size against the training split) before a run directory or Ray exists."""
+    check_output_dir(cfg)
+    check_model_path(cfg.model.path)
+    task = load_task(cfg.task, cfg.run.seed)  # dataset errors first: they need no model
+    if rl:
+        _check_batch(cfg, task)  # before screening too: the tokenizer takes seconds to load
+    base = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(base)
     collector = RolloutCollector.for_task(None, tokenizer, cfg.task, cfg.reward)
-    task = load_task(cfg.task, cfg.run.seed).screen_prompts(collector.encode)
+    task = task.screen_prompts(collector.encode)
     info = task.summary()
     log.info(
         "dataset: %d train / %d eval prompts; skipped %d malformed rows and %d prompts over "
@@ -137,13 +157,29 @@ def _screened_task(cfg: TrainConfig, tokenizer) -> TaskSplits:
         info["skipped_too_long"],
         cfg.task.max_prompt_tokens,
     )
-    return task
+    if rl:
+        _check_batch(cfg, task)
+    return base, tokenizer, task
 
 
-def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path]] | None:
-    """The run directory to continue and its checkpoints to try, newest first (None: a fresh
-    run)."""
-    from rlsys.checkpoint import CheckpointError, CheckpointStore, resolve_resume
+def _check_batch(cfg: TrainConfig, task: TaskSplits) -> None:
+    if cfg.data.batch_size > len(task.train):
+        raise ConfigError(
+            f"data.batch_size={cfg.data.batch_size} exceeds the {len(task.train)} usable "
+            "training prompts of the task; lower data.batch_size or use a larger dataset"
+        )
+
+
+def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path], dict] | None:
+    """The run directory to continue, its checkpoints to try (newest first, the first one
+    with a readable controller state leading) and that state's ``run_info``; None for a fresh
+    run."""
+    from rlsys.checkpoint import (
+        CheckpointError,
+        CheckpointStore,
+        read_trainer_state,
+        resolve_resume,
+    )
 
     if not cfg.resume:
         return None
@@ -160,33 +196,43 @@ def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path]] | None:
             f"resume={cfg.resume}: {chosen or run_dir / 'checkpoints'} holds no complete "
             "checkpoint (see the warnings above); pass an earlier one or start fresh"
         )
-    return run_dir, complete
+    reasons = []
+    for i, path in enumerate(complete):
+        try:
+            run_info = read_trainer_state(path)["run_info"]
+        except (CheckpointError, KeyError, TypeError) as exc:
+            log.warning("checkpoint %s does not load (%s): trying the previous one", path, exc)
+            reasons.append(f"{path.name}: {exc}")
+            continue
+        return run_dir, complete[i:], run_info
+    raise CheckpointError(
+        f"resume={cfg.resume}: no checkpoint of {run_dir} loads ({'; '.join(reasons)}); "
+        "nothing was changed. Pass resume=<run dir>/checkpoints/step_<N> of a good one, or "
+        "move the run directory away to start fresh"
+    )
 
 
 def train(cfg: TrainConfig) -> Path:
     """``rlsys train``: warm start (if enabled), RL, final eval; returns summary.json's path.
     With ``resume`` it continues a run from its latest complete checkpoint."""
-    from rlsys.checkpoint import CheckpointStore, read_trainer_state
-    from rlsys.controller import Controller, save_final_policy
-    from rlsys.pools import start_pools
-
     started = time.perf_counter()
     roles = Roles.for_rl(cfg)
     preflight(cfg, roles)
     resume = _resume_point(cfg)
+    base, tokenizer, task = _inputs(cfg)
+    from rlsys.checkpoint import CheckpointStore  # after the checks: torch takes seconds
+    from rlsys.controller import Controller, save_final_policy
+    from rlsys.pools import start_pools
+
     saved: dict = {}
     if resume is None:
-        run_dir = make_run_dir(cfg, "train")
+        run_dir = make_run_dir(cfg, "train", restart=cfg.resume == "auto")
     else:
-        run_dir, candidates = resume
-        saved = read_trainer_state(candidates[0])["run_info"]
+        run_dir, candidates, saved = resume
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         log.info("resuming %s from %s", run_dir, candidates[0])
     log.info("run directory: %s", run_dir)
     connect_ray(cfg, roles)
-    base = resolve_model_path(cfg.model)
-    tokenizer = load_tokenizer(base)
-    task = _screened_task(cfg, tokenizer)
     policy_path, warm = base, None
     if saved.get("model_path") and Path(saved["model_path"]).exists():
         policy_path, warm = saved["model_path"], saved.get("warm_start")
@@ -216,8 +262,10 @@ def train(cfg: TrainConfig) -> Path:
         resumed_from = None
         if resume is not None:
             resumed_from = controller.restore_newest(candidates)
-        with _on_sigterm(controller.preempt):
+        stopped_by: list[str] = []
+        with _on_stop_signals(controller.preempt, stopped_by):
             summary = controller.run()
+        summary["stopped_by"] = stopped_by[0] if stopped_by else None
         summary["nodes"] = pools.node_ids()  # the Ray node of every actor, per pool
         if not summary["preempted"]:
             final = save_final_policy(pools, run_dir)
@@ -240,11 +288,9 @@ def sft(cfg: TrainConfig) -> Path:
     """``rlsys sft``: supervised fine-tuning; the model lands in ``checkpoints/final``."""
     started = time.perf_counter()
     preflight(cfg, Roles())
+    base, tokenizer, task = _inputs(cfg, rl=False)
     run_dir = make_run_dir(cfg, "sft")
     connect_ray(cfg, Roles())
-    base = resolve_model_path(cfg.model)
-    tokenizer = load_tokenizer(base)
-    task = load_task(cfg.task, cfg.run.seed)
     tracker = Tracker(run_dir, cfg.tracking, run_dir.name, _plain(cfg), cfg.sft.max_steps, "sft ")
     final = run_dir / "checkpoints" / "final"
     try:
@@ -275,11 +321,10 @@ def _preference_setup(cfg: TrainConfig, kind: str):
     """What ``rlsys rm`` and ``rlsys dpo`` start from: checks, the run directory, Ray, the
     tokenizer, the screened task and the starting model (warm-started if enabled)."""
     preflight(cfg, Roles())
+    _, tokenizer, task = _inputs(cfg, rl=False)
     run_dir = make_run_dir(cfg, kind)
     log.info("run directory: %s", run_dir)
     connect_ray(cfg, Roles())
-    tokenizer = load_tokenizer(resolve_model_path(cfg.model))
-    task = _screened_task(cfg, tokenizer)
     start, warm = _starting_model(cfg, tokenizer, task, run_dir)
     return run_dir, tokenizer, task, start, warm
 
@@ -464,17 +509,45 @@ def _plain(cfg: TrainConfig) -> dict:
 
 def export_policy(checkpoint: str, out_dir: str) -> Path:
     """``rlsys export``: the policy of a checkpoint (``checkpoints/step_<N>`` or its
-    ``policy/``) as a Hugging Face directory, read straight from the shards."""
+    ``policy/``; a run directory: its latest complete checkpoint) as a Hugging Face
+    directory, read straight from the shards."""
     from rlsys.backends.export import export_hf
-    from rlsys.checkpoint import CheckpointError, problem
+    from rlsys.checkpoint import CheckpointError, CheckpointStore, problem
 
     path = Path(checkpoint).expanduser().resolve()
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{checkpoint} is not a directory; pass a run directory, one of its "
+            "checkpoints/step_<N> or a step's policy/"
+        )
+    if (path / "checkpoints").is_dir() and not (path / "policy").is_dir():
+        latest = CheckpointStore(path / "checkpoints", 1).latest()
+        if latest is None:
+            raise CheckpointError(
+                f"run directory {path} has no complete checkpoint to export (see the warnings "
+                "above); its checkpoints/final, if there, is already a Hugging Face directory"
+            )
+        log.info("exporting %s, the latest complete checkpoint of %s", latest.name, path)
+        path = latest
+    if not any((path / name).exists() for name in ("policy", "backend.json")):
+        raise CheckpointError(
+            f"{path} is not a run directory, a checkpoint or a policy directory (it has no "
+            "checkpoints/, policy/ or backend.json); pass a run directory, one of its "
+            "checkpoints/step_<N> or a step's policy/"
+        )
     if (path / "policy").is_dir():
         reason = problem(path)
         if reason is not None:
             raise CheckpointError(f"checkpoint {path} is not usable: {reason}")
         path = path / "policy"
     out = Path(out_dir).expanduser().resolve()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot create the output directory {out_dir} ({exc.strerror}: {exc.filename}); "
+            "pass a directory path you can write"
+        ) from exc
     try:
         export_hf(str(path), str(out))
     except FileNotFoundError as exc:  # the backend's own errors are CheckpointErrors

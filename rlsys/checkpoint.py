@@ -5,9 +5,9 @@ Layout (``<run_dir>/checkpoints/``)::
     step_000050/
       policy/          the policy learner's sharded model + optimizer + RNG (its backend's format)
       critic/          the critic's, when the run has one
-      trainer.pkl      the controller: step, policy version, sampler position, buffer counters
-                       and queued groups, loop counters, KL coefficient, eval history, RNG,
-                       tracker run id
+      trainer.json     the controller: step, policy version, sampler position, buffer counters
+      trainer.npz      and queued groups, loop counters, KL coefficient, RNG, tracker run id
+                       (JSON + numpy arrays, read without pickle: see rlsys/state_file.py)
       hf/              the policy as a Hugging Face directory (checkpoint.save_hf=true only)
       manifest.json    written last: every file with its size; a directory without a valid
                        one is incomplete and is never loaded
@@ -23,16 +23,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rlsys.state_file import StateFileError, read_state, write_state
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-TRAINER_STATE = "trainer.pkl"
+TRAINER_STATE = "trainer.json"  # and trainer.npz beside it (rlsys.state_file)
+_PICKLED_STATE = "trainer.pkl"  # what rlsys before state_file wrote; never read
 PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 
@@ -76,6 +78,10 @@ def _files(root: Path) -> dict[str, int]:
 def step_of(path: Path) -> int:
     """The learner step a checkpoint directory was taken after."""
     return int(path.name.removeprefix(PREFIX))
+
+
+def _is_step_dir(name: str) -> bool:
+    return name.startswith(PREFIX) and name.removeprefix(PREFIX).isdigit()
 
 
 def problem(path: Path) -> str | None:
@@ -123,18 +129,21 @@ class CheckpointStore:
         self._prune()
         return final
 
-    def complete(self) -> list[Path]:
-        """Usable checkpoints, newest first; incomplete or damaged ones are logged and
-        skipped."""
+    def saved(self) -> list[Path]:
+        """Every ``step_<N>`` directory, complete or not, newest first."""
         if not self.root.is_dir():
             return []
-        found = sorted(
-            (p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)),
+        return sorted(
+            (p for p in self.root.iterdir() if p.is_dir() and _is_step_dir(p.name)),
             key=step_of,
             reverse=True,
         )
+
+    def complete(self) -> list[Path]:
+        """Usable checkpoints, newest first; incomplete or damaged ones are logged and
+        skipped."""
         usable = []
-        for path in found:
+        for path in self.saved():
             reason = problem(path)
             if reason is None:
                 usable.append(path)
@@ -154,16 +163,26 @@ class CheckpointStore:
 
 
 def write_trainer_state(path: Path, state: dict) -> None:
-    with (path / TRAINER_STATE).open("wb") as fh:
-        pickle.dump(state, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    """Write the controller's ``state`` into the checkpoint directory ``path``."""
+    write_state(path / TRAINER_STATE, state)
 
 
 def read_trainer_state(path: Path) -> dict:
+    """The controller state of the checkpoint at ``path``, read without running any of its
+    content; CheckpointError names the file and the reason when it cannot be used."""
+    if not (path / TRAINER_STATE).is_file() and (path / _PICKLED_STATE).is_file():
+        raise CheckpointError(
+            f"{path} holds {_PICKLED_STATE}, the controller state of an older rlsys, as a "
+            "pickle, which can run code when read: rlsys does not read it. Resume it with the "
+            "rlsys that wrote it, or start a fresh run"
+        )
     try:
-        with (path / TRAINER_STATE).open("rb") as fh:
-            return pickle.load(fh)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as exc:
-        raise CheckpointError(f"{path / TRAINER_STATE} is unreadable: {exc}") from exc
+        state = read_state(path / TRAINER_STATE)
+    except StateFileError as exc:
+        raise CheckpointError(str(exc)) from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path / TRAINER_STATE} holds a {type(state).__name__}, not a dict")
+    return state
 
 
 def resolve_resume(
@@ -172,8 +191,9 @@ def resolve_resume(
     """Where to resume: (run directory, the checkpoint asked for or None for its latest).
 
     ``auto`` is run.name's directory if given, else the run under ``output_dir`` with the
-    newest complete checkpoint (None if there is none: start fresh). A path is a run
-    directory, or one ``checkpoints/step_<N>`` inside it."""
+    newest complete checkpoint (None if no run has a checkpoint: start fresh; an error if
+    runs have checkpoints but none is complete, so a damaged run is never started over). A
+    path is a run directory, or one ``checkpoints/step_<N>`` inside it."""
     if resume != "auto":
         path = Path(resume).expanduser().resolve()
         chosen = path if path.name.startswith(PREFIX) else None
@@ -187,8 +207,21 @@ def resolve_resume(
     root = Path(output_dir).expanduser().resolve()
     candidates = [root / run_name] if run_name else (root.iterdir() if root.is_dir() else [])
     newest: dict[Path, float] = {}
+    unusable: list[Path] = []
     for run_dir in candidates:
-        latest = CheckpointStore(run_dir / "checkpoints", 1).latest()
+        store = CheckpointStore(run_dir / "checkpoints", 1)
+        latest = store.latest()
         if latest is not None:
             newest[run_dir] = (latest / MANIFEST).stat().st_mtime
-    return (max(newest, key=newest.get), None) if newest else None
+        else:
+            unusable += store.saved()
+    if newest:
+        return max(newest, key=newest.get), None
+    if unusable:
+        raise CheckpointError(
+            f"resume=auto: no checkpoint of {[str(p) for p in unusable]} is complete (see the "
+            "warnings above), so there is nothing to resume and rlsys will not start a fresh "
+            "run over them; resume=<run dir>/checkpoints/step_<N> to pick one, or move the run "
+            "directory away to start fresh"
+        )
+    return None

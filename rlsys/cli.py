@@ -32,6 +32,7 @@ REPORT_HELP = "plot a run's metrics.jsonl: RUN_DIR/report/index.html and a PNG p
 
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: the shell's code for "terminated", so schedulers requeue
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: stopped by Ctrl-C
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -160,13 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"summary: {path}")
             summary = json.loads(path.read_text())
             if summary["preempted"]:
+                signame = summary.get("stopped_by") or "SIGTERM"
                 print(
-                    f"rlsys train: stopped by SIGTERM after step {summary['steps']}; "
+                    f"rlsys train: stopped by {signame} after step {summary['steps']}; "
                     f"checkpoint {summary['last_checkpoint']}. Run the same command with "
                     "resume=auto to continue.",
                     file=sys.stderr,
                 )
-                return PREEMPTED_EXIT
+                return INTERRUPTED_EXIT if signame == "SIGINT" else PREEMPTED_EXIT
         elif args.command in ("sft", "rm", "dpo"):
             print(f"summary: {getattr(app, args.command)(cfg)}")
         else:
@@ -177,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"rlsys {args.command}: checkpoint error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            f"rlsys {args.command}: interrupted (no checkpoint was written after the last "
+            "saved one)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT
     return 0
 
 

@@ -3,20 +3,66 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 
+from rlsys.config.errors import ConfigError
 from rlsys.config.loader import to_yaml
 from rlsys.config.schema import TrainConfig
 
+log = logging.getLogger(__name__)
 
-def make_run_dir(cfg: TrainConfig, kind: str = "train") -> Path:
-    """Create ``<run.output_dir>/<run.name or kind-timestamp>`` and write the resolved config."""
+
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints")  # "a run is here"
+
+
+def check_output_dir(cfg: TrainConfig) -> None:
+    """Create ``run.output_dir`` (not yet a run directory in it) or raise ConfigError naming
+    why it cannot be: checked before the seconds of loading a model."""
+    path = Path(cfg.run.output_dir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        problem = None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
+    except OSError as exc:
+        problem = f"{exc.strerror}: {exc.filename}"
+    if problem:
+        raise ConfigError(
+            f"run.output_dir={cfg.run.output_dir}: cannot create the run directory there "
+            f"({problem}); set run.output_dir to a directory you can write"
+        )
+
+
+def make_run_dir(cfg: TrainConfig, kind: str = "train", restart: bool = False) -> Path:
+    """Create ``<run.output_dir>/<run.name or kind-timestamp>`` and write the resolved config.
+
+    A directory that already holds a run is refused (its records would mix with the new
+    run's), unless ``restart``: ``resume=auto`` found no checkpoint in it, so the run starts
+    over there and the old run's metrics and samples are dropped."""
     name = cfg.run.name or f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run.output_dir).resolve() / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    suffix = 1
+    while not cfg.run.name and run_dir.exists():  # another unnamed run started this second
+        suffix += 1
+        run_dir = run_dir.with_name(f"{name}-{suffix}")
+    held = [f for f in RUN_FILES if (run_dir / f).exists()]
+    if held and not restart:
+        raise ConfigError(
+            f"run.name={name}: {run_dir} already holds a run ({', '.join(held)}); pass "
+            "resume=auto to continue it, choose another run.name, or move that directory away"
+        )
+    for records in ("metrics.jsonl", "samples.jsonl"):
+        if held and trim_metrics(run_dir, -1, records):
+            log.info("resume=auto: no checkpoint in %s, starting over (%s reset)", run_dir, records)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    except OSError as exc:
+        raise ConfigError(
+            f"run.output_dir={cfg.run.output_dir}: cannot create the run directory {run_dir} "
+            f"({exc.strerror}: {exc.filename}); set run.output_dir to a directory you can write"
+        ) from exc
     return run_dir
 
 

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 
 def quiet_libraries() -> None:
-    """Silence progress bars and chatty warnings from transformers and friends."""
+    """Silence progress bars and chatty warnings from transformers and friends (through
+    their environment variables, which they read when imported: importing transformers here
+    would cost seconds before a config or data error could be reported)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", message=".*generation flags are not valid.*")
     warnings.filterwarnings("ignore", category=FutureWarning)
-    try:
+    if "transformers" in sys.modules:  # imported already: it has read the variables
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
 
 

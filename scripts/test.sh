@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh), lint, then run the test suite; print how long each part took.
-#   bash scripts/test.sh           the default tiers: tests/unit, tests/distributed, tests/e2e
+#   bash scripts/test.sh           the default tiers: tests/unit, tests/security,
+#                                  tests/distributed, tests/e2e
 #                                  without the `long` marker (what CI runs)
 #   bash scripts/test.sh --long    the long tier: full-length demos and examples (-m long)
 # Other arguments go to pytest. Fails when pytest fails or collects no tests (exit code 5).

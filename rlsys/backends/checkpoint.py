@@ -27,6 +27,7 @@ from rlsys.checkpoint import CheckpointError
 BACKEND_INFO = "backend.json"
 SCALARS = "state.json"
 RNG_DIR = "rng"
+DCP_DIR = "dcp"  # FSDP2's model + optimizer state, sharded: {"model": ..., "optim": ...}
 FORMAT_VERSION = 1
 
 
@@ -105,6 +106,53 @@ def read_json(root: Path, name: str) -> dict[str, Any]:
             f"backend checkpoint {root}: {name} is unreadable ({exc}); the checkpoint is "
             "damaged, load an earlier one"
         ) from exc
+
+
+def check_dcp_metadata(dcp_dir: Path) -> None:
+    """Refuse a DCP checkpoint whose metadata files (which torch reads with pickle) name
+    anything a DCP checkpoint never holds: they could run code (see rlsys.pickle_scan).
+    ``.metadata`` must be there: without it DCP would fall back to per-rank files."""
+    from rlsys.pickle_scan import DCP_METADATA_GLOBALS, UnsafePickleError, check_pickle
+
+    if not (dcp_dir / ".metadata").is_file():
+        raise BackendCheckpointError(
+            f"backend checkpoint {dcp_dir.parent} has no {DCP_DIR}/.metadata: the save did "
+            "not finish, or the directory is not a DCP checkpoint; load an earlier one"
+        )
+    for metadata in sorted(dcp_dir.glob("*.metadata")):
+        try:
+            check_pickle(metadata, DCP_METADATA_GLOBALS, "DCP metadata")
+        except UnsafePickleError as exc:
+            raise BackendCheckpointError(f"backend checkpoint {dcp_dir.parent}: {exc}") from exc
+
+
+class _WeightsOnlyBytes:
+    """DCP planners' byte items (non-tensor state, e.g. optimizer param_groups) read with
+    ``torch.load(weights_only=True)``: torch's default planners unpickle them in full, which
+    runs whatever a downloaded checkpoint names."""
+
+    def load_bytes(self, read_item, value) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def safe_load_planner(keys: set[str] | None = None):
+    """A DCP load planner that reads byte items without full pickle: the default planner,
+    or (``keys``) the one that rebuilds those top-level keys from the metadata alone."""
+    from torch.distributed.checkpoint.default_planner import (
+        DefaultLoadPlanner,
+        _EmptyStateDictLoadPlanner,
+    )
+
+    if keys is None:
+        return type("SafeLoadPlanner", (_WeightsOnlyBytes, DefaultLoadPlanner), {})()
+    planner = type("SafeEmptyLoadPlanner", (_WeightsOnlyBytes, _EmptyStateDictLoadPlanner), {})
+    return planner(keys=keys)
 
 
 def rng_path(root: Path, rank: int) -> Path:

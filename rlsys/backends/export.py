@@ -13,16 +13,14 @@ from rlsys.backends import checkpoint as ckpt
 def _dcp_model_state(root: Path) -> dict[str, torch.Tensor]:
     """The full model tensors of an FSDP2 (DCP) checkpoint, read without a process group."""
     from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from rlsys.backends.fsdp import DCP_DIR
-
+    ckpt.check_dcp_metadata(root / ckpt.DCP_DIR)
     state: dict = {}
     _load_state_dict(  # what format_utils.dcp_to_torch_save does, model keys only, in memory
         state,
-        storage_reader=FileSystemReader(str(root / DCP_DIR)),
-        planner=_EmptyStateDictLoadPlanner(keys={"model"}),
+        storage_reader=FileSystemReader(str(root / ckpt.DCP_DIR)),
+        planner=ckpt.safe_load_planner(keys={"model"}),
         no_dist=True,
     )
     return state["model"]
@@ -63,10 +61,14 @@ def export_hf(checkpoint_dir: str, out_dir: str) -> None:
         )
     try:
         state = reader(root)
+    except ckpt.BackendCheckpointError:
+        raise
     except Exception as exc:
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ckpt.BackendCheckpointError(
-            f"backend checkpoint {root}: reading its {info['backend']} weights failed ({exc}); "
-            "the checkpoint is incomplete or damaged"
+            f"backend checkpoint {root}: reading its {info['backend']} weights failed "
+            f"({type(exc).__name__}: {cause}); the checkpoint is incomplete or damaged: "
+            "export an earlier one"
         ) from exc
     model = load_model(info["model_path"], info["dtype"])
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -20,10 +20,13 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlsys.backends.base import TrainingBackend
-from rlsys.backends.checkpoint import BackendCheckpointError
+from rlsys.backends.checkpoint import (
+    DCP_DIR,
+    BackendCheckpointError,
+    check_dcp_metadata,
+    safe_load_planner,
+)
 from rlsys.config.learner import OptimConfig
-
-DCP_DIR = "dcp"  # the checkpoint's model + optimizer state: {"model": ..., "optim": ...}
 
 # Where decoder layers live: causal LMs (Llama/Qwen-style, GPT-2, GPT-NeoX) and the critic's
 # ValueModel, whose decoder is under ``backbone``.
@@ -109,10 +112,11 @@ class FSDP2Backend(TrainingBackend):
 
     def _load_shards(self, root: Path) -> None:
         # Shapes come from this (possibly differently sharded) model; DCP reshards into them.
+        check_dcp_metadata(root / DCP_DIR)
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optim": optim_state}
         try:
-            dcp.load(state, checkpoint_id=str(root / DCP_DIR))
+            dcp.load(state, checkpoint_id=str(root / DCP_DIR), planner=safe_load_planner())
         except CheckpointException as exc:  # a BaseException: name the first cause plainly
             rank, (cause, _) = next(iter(exc.failures.items()))
             raise BackendCheckpointError(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException, HydraException
@@ -39,20 +41,64 @@ def _all_keys(node: DictConfig, prefix: str = "") -> list[str]:
 
 
 def _explain(exc: Exception, overrides: list[str]) -> str:
-    """Turn Hydra/OmegaConf errors into one line naming the key and the fix."""
-    cause = exc
-    while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
-        cause = cause.__cause__
+    """Turn Hydra/OmegaConf errors into one line naming the key (and the preset file it came
+    from) and the fix."""
+    cause, seen = exc, [exc]
+    while not isinstance(cause, OmegaConfBaseException):
+        nxt = cause.__cause__ or cause.__context__
+        if nxt is None or nxt in seen:
+            break
+        cause = nxt
+        seen.append(cause)
+    if not isinstance(cause, OmegaConfBaseException):
+        cause = exc
     message = str(cause).strip().splitlines()[0] if str(cause).strip() else repr(cause)
+    preset = re.match(r"In '([^']+)'", str(exc))
+    where = f" (in preset {conf_dir() / preset.group(1)}.yaml)" if preset else ""
     full_key = getattr(cause, "full_key", None)
     if full_key and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
         known = _all_keys(OmegaConf.structured(TrainConfig))
         close = difflib.get_close_matches(str(full_key), known, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else "; see `rlsys train --cfg job`"
-        return f"unknown config key '{full_key}'{hint}"
+        return f"unknown config key '{full_key}'{where}{hint}"
     if full_key:
-        return f"bad value for config key '{full_key}': {message}"
-    return f"{message} (overrides: {' '.join(overrides) or 'none'})"
+        return f"bad value for config key '{full_key}'{where}: {message}"
+    return f"{message}{where} (overrides: {' '.join(overrides) or 'none'})"
+
+
+def _check_overrides(overrides: list[str], root: Path) -> None:
+    """Name what Hydra would fail on obscurely: a missing presets folder, an override without
+    a key, a preset that does not exist."""
+    if not root.is_dir():
+        source = f"RLSYS_CONF_DIR={root}" if os.environ.get("RLSYS_CONF_DIR") else str(root)
+        raise ConfigError(
+            f"{source} is not a directory of presets; point RLSYS_CONF_DIR at a folder like "
+            "the repository's conf/ (config.yaml, task/, algorithm/, ...) or unset it"
+        )
+    for override in overrides:
+        if override.startswith("~"):  # ~key or ~key=value: a deletion
+            continue
+        key, eq, value = override.partition("=")
+        key = key.lstrip("+~")
+        if not eq or not key:
+            raise ConfigError(
+                f"override {override!r} is not key=value (overrides: {' '.join(overrides)}); "
+                "write e.g. task=arithmetic or data.batch_size=16"
+            )
+        group = root / key
+        if group.is_dir() and not (group / f"{value}.yaml").is_file():
+            presets = sorted(p.stem for p in group.glob("*.yaml"))
+            raise ConfigError(
+                f"{key}={value}: no preset {group / value}.yaml; use one of {presets}"
+            )
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return f"invalid YAML in a preset: {problem}"
+    return f"invalid YAML in {mark.name}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 def _dict_fields(node: DictConfig, prefix: str = "") -> list[str]:
@@ -79,11 +125,15 @@ def _open_dicts(overrides: list[str]) -> list[str]:
 def compose_config(overrides: list[str], config_name: str = "config") -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with overrides; raises ConfigError on bad input."""
     _register_schema()
+    root = conf_dir()
+    _check_overrides(list(overrides), root)
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(root.resolve()), version_base="1.3"):
             return compose(config_name=config_name, overrides=_open_dicts(list(overrides)))
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain(exc, overrides)) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_error(exc)) from exc
 
 
 def to_typed(cfg: DictConfig) -> TrainConfig:

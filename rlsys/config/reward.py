@@ -14,16 +14,21 @@ class SandboxConfig:
     """``reward.sandbox``: limits on model-written code run by code rewards (``code_tests``)."""
 
     wall_s: float = 5.0  # wall-clock seconds per program run (then it is killed)
-    cpu_s: float = 4.0  # CPU seconds (RLIMIT_CPU)
-    memory_mb: int = 512  # address space (RLIMIT_AS), MiB
+    # CPU seconds of the whole sandbox (all its processes together), and of each process
+    # (RLIMIT_CPU)
+    cpu_s: float = 4.0
+    # Private memory of the whole sandbox (all its processes together), MiB; also each
+    # process's address space (RLIMIT_AS)
+    memory_mb: int = 512
     max_processes: int = 16  # processes/threads of the sandbox user (RLIMIT_NPROC)
     file_size_mb: int = 8  # largest file the program may write (RLIMIT_FSIZE), MiB
-    # Without a way to cut the network off (a new network namespace), code rewards refuse to
-    # run; true runs the code anyway, with the other limits only.
+    disk_mb: int = 32  # all files the program writes together (its directory is a tmpfs), MiB
+    # Without namespaces (no jail, no network cut-off) code rewards refuse to run; true runs
+    # the code anyway, unjailed, with per-process rlimits only (see docs/sandbox.md).
     allow_network: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("wall_s", "cpu_s", "memory_mb", "max_processes", "file_size_mb"):
+        for key in ("wall_s", "cpu_s", "memory_mb", "max_processes", "file_size_mb", "disk_mb"):
             positive(f"reward.sandbox.{key}", getattr(self, key))
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlsys.config.errors import ConfigError
 from rlsys.config.preference import PreferenceDataConfig
 from rlsys.data.collate import pack
 from rlsys.data.tasks import TaskSplits, hold_out, read_rows
@@ -190,7 +191,7 @@ def file_pairs(cfg: PreferenceDataConfig, seed: int) -> PreferenceSplits:
             cfg.rejected_key,
         )
     if not train or not evals:
-        raise ValueError(
+        raise ConfigError(
             f"preference.train_path={cfg.train_path!r} yielded no usable training or held-out "
             f"pairs; each row needs non-empty {cfg.prompt_key!r}, {cfg.chosen_key!r} and "
             f"{cfg.rejected_key!r} strings"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TaskConfig
 from rlsys.types import Prompt
 
@@ -123,27 +124,88 @@ def _default_max_new_tokens(cfg: TaskConfig) -> int:
     return max(_answer_width(op, cfg.digits) for op in cfg.operators) + 1
 
 
-def read_rows(path: str, key: str = "task.train_path/eval_path") -> list[dict]:
-    """The rows of a .jsonl or .parquet file (``key``: the config key that named it); a
-    jsonl line that does not parse becomes ``{}``, for the caller to count as malformed."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"dataset file {path!r} does not exist ({key})")
+def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
+    """The rows of a .jsonl or .parquet file (``key``: the config key that named it). A jsonl
+    line that is not UTF-8, not JSON or not a JSON object becomes ``{}``, for the caller to
+    count as malformed; the reasons are logged with their first line numbers. A path that is
+    missing, not a file, of another format or without a single row is a ConfigError."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise ConfigError(f"{key}={path!r} {what}; pass a .jsonl or .parquet file")
     if p.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(p).to_pylist()
-    if p.suffix in (".jsonl", ".json"):
-        rows = []
-        with p.open() as fh:
-            for line in fh:
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        rows.append({})  # counted as malformed below
-        return rows
-    raise ValueError(f"dataset file {path!r} ({key}): use .jsonl or .parquet")
+        try:
+            rows = [_plain(row) for row in pq.read_table(p).to_pylist()]
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"{key}={path!r} is not a readable parquet file: {exc}") from exc
+    elif p.suffix in (".jsonl", ".json"):
+        rows = _jsonl_rows(p, key)
+    else:
+        raise ConfigError(f"{key}={path!r}: use a .jsonl or .parquet file")
+    if not rows:
+        raise ConfigError(f"{key}={path!r} holds no rows; pass a file with one row per prompt")
+    return rows
+
+
+def _plain(value):
+    """A parquet value as JSON would hold it (dates, decimals and bytes as strings), so a
+    row's extra columns can ride in checkpoints (rlsys.state_file holds plain values only)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def _jsonl_rows(path: Path, key: str) -> list[dict]:
+    rows: list[dict] = []
+    bad: dict[str, list[int]] = {}  # reason -> line numbers
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                reason = None if isinstance(row, dict) else "not a JSON object"
+            except UnicodeDecodeError:
+                reason = "not UTF-8"
+            except json.JSONDecodeError:
+                reason = "not JSON"
+            if reason is None:
+                rows.append(row)
+            else:
+                bad.setdefault(reason, []).append(number)
+                rows.append({})  # counted as malformed by the caller
+    if bad:
+        log.warning(
+            "%s=%s: skipped %s",
+            key,
+            path,
+            "; ".join(
+                f"{len(lines)} lines {reason} (lines {', '.join(map(str, lines[:5]))}"
+                f"{', ...' if len(lines) > 5 else ''})"
+                for reason, lines in bad.items()
+            ),
+        )
+    return rows
+
+
+def _no_usable_rows(key: str, path: str, rows: list[dict], needed: list[str]) -> ConfigError:
+    """The error for a file none of whose rows has the columns the config names."""
+    columns = sorted({column for row in rows for column in row})
+    return ConfigError(
+        f"{key}={path!r}: none of its {len(rows)} rows has usable {needed} columns; its "
+        f"columns are {columns}. Set the column keys (e.g. task.prompt_key, task.answer_key) "
+        "to the file's, or fix the file"
+    )
 
 
 def _rows_to_prompts(rows: list[dict], cfg: TaskConfig, uid0: int) -> tuple[list[Prompt], int]:
@@ -167,10 +229,17 @@ def hold_out(rows: list, size: int, seed: int) -> tuple[list, list]:
 
 def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     """Prompts from jsonl/parquet; without ``eval_path`` the eval split is held out of train."""
-    train, skipped = _rows_to_prompts(read_rows(cfg.train_path), cfg, 0)
+    rows = read_rows(cfg.train_path, "task.train_path")
+    train, skipped = _rows_to_prompts(rows, cfg, 0)
+    needed = [cfg.prompt_key, cfg.answer_key]
+    if not train:
+        raise _no_usable_rows("task.train_path", cfg.train_path, rows, needed)
     if cfg.eval_path:
-        evals, more = _rows_to_prompts(read_rows(cfg.eval_path), cfg, len(train))
+        eval_rows = read_rows(cfg.eval_path, "task.eval_path")
+        evals, more = _rows_to_prompts(eval_rows, cfg, len(train))
         skipped += more
+        if not evals:
+            raise _no_usable_rows("task.eval_path", cfg.eval_path, eval_rows, needed)
     else:
         train, evals = hold_out(train, cfg.eval_size, seed)
     if skipped:
@@ -181,7 +250,10 @@ def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
             cfg.answer_key,
         )
     if not train or not evals:
-        raise ValueError(f"dataset {cfg.train_path!r} yielded no usable train or eval rows")
+        raise ConfigError(
+            f"task.train_path={cfg.train_path!r} has {len(train) + len(evals)} usable rows: "
+            "too few to hold out an eval split (a fifth at most); add rows or set task.eval_path"
+        )
     return TaskSplits(train, evals, cfg.max_new_tokens or 256, skipped)
 
 

@@ -49,7 +49,9 @@ def resolve_name(cfg: TrainConfig, now: datetime | None = None) -> str:
 
 def job_overrides(cfg: TrainConfig, overrides: Sequence[str], name: str) -> list[str]:
     """The overrides the job's ``rlsys train`` gets: a relative run.output_dir moves onto the
-    volume, and an unnamed run is named like its RayJob (so ``resume=auto`` finds it)."""
+    volume, an unnamed run is named like its RayJob (so ``resume=auto`` finds it), and with
+    ``backoff_limit`` retries each retry continues the run (``resume=auto``) rather than
+    being refused the directory the failed attempt left."""
     args = list(overrides)
     volume = cfg.launcher.kuberay.volume
     if volume.claim is not None and not posixpath.isabs(cfg.run.output_dir):
@@ -57,6 +59,8 @@ def job_overrides(cfg: TrainConfig, overrides: Sequence[str], name: str) -> list
         args.append(f"run.output_dir={posixpath.join(volume.mount_path, cfg.run.output_dir)}")
     if cfg.run.name is None:
         args.append(f"run.name={name}")
+    if cfg.launcher.kuberay.backoff_limit > 0 and cfg.resume is None:
+        args.append("resume=auto")
     return args
 
 

@@ -3,6 +3,10 @@ hub id."""
 
 from __future__ import annotations
 
+import json
+import os
+
+from rlsys.config.errors import ConfigError
 from rlsys.config.schema import ModelConfig
 from rlsys.models.builtin import (
     BUILTIN_PREFIX,
@@ -15,14 +19,46 @@ from rlsys.models.gguf import GGUF_PREFIX, gguf_dir
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
+def _looks_local(path: str) -> bool:
+    """Whether ``path`` means a directory here rather than a hub id ("org/name"): it exists,
+    or starts like a path (/, ., ~), or has more than one "/"."""
+    return os.path.exists(path) or path.startswith(("/", ".", "~")) or path.count("/") > 1
+
+
+def check_model_path(path: str, key: str = "model.path") -> None:
+    """Raise ConfigError unless ``path`` (built-in, gguf: or hub ids aside) is a directory
+    with a readable config.json; hub ids are left to ``from_pretrained``."""
+    if path.startswith((BUILTIN_PREFIX, GGUF_PREFIX)) or not _looks_local(path):
+        return
+    local = os.path.expanduser(path)
+    fix = (
+        "pass a Hugging Face model directory (with config.json), a hub id such as "
+        "HuggingFaceTB/SmolLM2-135M-Instruct, builtin:tiny or gguf:smollm2-135m-instruct"
+    )
+    if not os.path.isdir(local):
+        what = "is not a directory" if os.path.exists(local) else "does not exist"
+        raise ConfigError(f"{key}={path!r} {what}; {fix}")
+    config = os.path.join(local, "config.json")
+    if not os.path.isfile(config):
+        raise ConfigError(f"{key}={path!r} has no config.json (not a model directory); {fix}")
+    try:
+        with open(config, encoding="utf-8") as fh:
+            parsed = json.load(fh)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{key}={path!r}: config.json is unreadable ({exc}); {fix}") from exc
+    if not isinstance(parsed, dict) or "model_type" not in parsed:
+        raise ConfigError(f"{key}={path!r}: config.json has no model_type; {fix}")
+
+
 def resolve_model_path(cfg: ModelConfig) -> str:
     """A path or hub id that ``from_pretrained`` accepts (builds built-in models and converts
     GGUF models once, into the cache)."""
+    check_model_path(cfg.path)
     if cfg.path.startswith(BUILTIN_PREFIX):
         return str(builtin_dir(cfg))
     if cfg.path.startswith(GGUF_PREFIX):
         return str(gguf_dir(cfg.path))
-    return cfg.path
+    return os.path.expanduser(cfg.path)
 
 
 def load_tokenizer(path: str):

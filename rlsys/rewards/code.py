@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rlsys.config.reward import RewardConfig, SandboxConfig
 from rlsys.rewards.registry import REWARDS
 from rlsys.rewards.sandbox import check_sandbox, run_sandboxed
+from rlsys.rewards.scoring import abandoned
 
 # A fenced block: its language tag and body; an unclosed last fence runs to the end.
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -67,7 +68,8 @@ class CodeTests:
     """Fraction of ``metadata["tests"]`` the program passes; ``correct`` when all pass.
 
     After a test runs out of wall time the remaining tests are skipped and count as failed,
-    so one call takes about ``reward.sandbox.wall_s`` plus the passing runs at most."""
+    so one call takes about ``reward.sandbox.wall_s`` plus the passing runs at most. A call
+    the scorer gave up on (``reward.timeout_s``) kills its running test and starts no more."""
 
     sandbox: SandboxConfig
 
@@ -82,6 +84,8 @@ class CodeTests:
         program = extract_program(completion)
         passed = 0
         for stdin, expected in tests:
+            if abandoned():
+                break
             result = run_sandboxed(program, stdin, self.sandbox)
             if result.ok and _normalized(result.stdout) == _normalized(expected):
                 passed += 1

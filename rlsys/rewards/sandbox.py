@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import glob
 import json
 import os
 import random
@@ -39,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -46,7 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlsys.rewards.sandbox_launcher import PYTHON_MOUNT, WORK_MOUNT
+from rlsys.rewards.sandbox_launcher import WORK_MOUNT
+from rlsys.rewards.scoring import abandoned
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -57,8 +61,22 @@ OUTPUT_LIMIT = 64 * 1024  # bytes of stdout / stderr kept
 _UID_BASE = 2_000_000_000  # per-run uids when root: a block no account uses
 _UID_SLOTS = 256  # concurrent runs per machine before runs wait for a free uid
 _NOBODY = 65534  # the shared fallback where such uids cannot be set
+_CANCEL_POLL_S = 0.05  # how often a waiting run checks whether its reward call was abandoned
 _LAUNCHER = str(Path(__file__).absolute().with_name("sandbox_launcher.py"))  # child side
 _PATH = "/usr/local/bin:/usr/bin:/bin"
+_PACKAGE_DIRS = ("site-packages", "dist-packages")  # masked inside the jail
+# System library directories and the loader's cache, bound into the jail where they exist.
+_SYSTEM_LIBS = (
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/libx32",
+    "/etc/ld.so.cache",
+)
 
 
 @dataclass
@@ -69,7 +87,8 @@ class SandboxResult:
     stdout: str  # the first OUTPUT_LIMIT bytes, decoded with replacement
     stderr: str
     timed_out: bool  # killed after reward.sandbox.wall_s
-    # Why it was stopped: wall_time | cpu_time | file_size | signal:NAME | sandbox_error
+    # Why it was stopped: wall_time | cpu_time | memory | file_size | signal:NAME | cancelled
+    # (its reward call was abandoned) | sandbox_error
     killed_reason: str | None
     duration_s: float
     truncated: bool = False  # stdout or stderr was longer than OUTPUT_LIMIT
@@ -127,7 +146,7 @@ def run_sandboxed(code: str, stdin: str, cfg: SandboxConfig) -> SandboxResult:
     """Run the Python program ``code`` on ``stdin`` under ``cfg``'s limits; raises only
     when this machine cannot sandbox as ``cfg`` requires (see ``check_sandbox``)."""
     check_sandbox(cfg)
-    return _execute(code, stdin, cfg, sandbox_support())
+    return _execute(code, stdin, cfg, sandbox_support(), cancellable=True)
 
 
 def _probe() -> SandboxSupport:
@@ -147,13 +166,17 @@ def _probe() -> SandboxSupport:
     return SandboxSupport(False, False, uid_modes[-1], "; ".join(reasons))
 
 
-def _execute(code: str, stdin: str, cfg: SandboxConfig, support: SandboxSupport) -> SandboxResult:
+def _execute(
+    code: str, stdin: str, cfg: SandboxConfig, support: SandboxSupport, cancellable: bool = False
+) -> SandboxResult:
+    """One run; ``cancellable``: stop it when its reward call is abandoned (never for the
+    probe, whose verdict is cached for the process)."""
     start = time.monotonic()
     io_dir = tempfile.mkdtemp(prefix="rlsys-sandbox-io-")  # parent-only: stdin/out/err
     workdir = tempfile.mkdtemp(prefix="rlsys-sandbox-")
     try:
         with _claim_uid(support.uid_mode) as uid:
-            result = _run_launcher(code, stdin, cfg, support, uid, workdir, io_dir)
+            result = _run_launcher(code, stdin, cfg, support, uid, workdir, io_dir, cancellable)
             if uid is not None and not support.isolated:
                 _kill_uid(uid)  # processes that left the process group
     finally:
@@ -171,6 +194,7 @@ def _run_launcher(
     uid: int | None,
     workdir: str,
     io_dir: str,
+    cancellable: bool,
 ) -> SandboxResult:
     """One launcher run, waited for at most ``wall_s``; its files read back."""
     with open(os.path.join(workdir, "prog.py"), "w", encoding="utf-8", errors="replace") as f:
@@ -182,6 +206,7 @@ def _run_launcher(
     with open(paths["stdin"], "w", encoding="utf-8", errors="replace") as f:
         f.write(stdin)
     status_r, status_w = os.pipe()
+    start = time.monotonic()
     spec = _launch_spec(cfg, support, uid, workdir, status_w)
     timed_out = False
     try:
@@ -204,16 +229,19 @@ def _run_launcher(
         return SandboxResult(-1, "", f"cannot start the sandbox: {exc}", False, "sandbox_error", 0)
     finally:
         os.close(status_w)
-    try:
-        proc.wait(timeout=cfg.wall_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    deadline = start + cfg.wall_s
+    while proc.poll() is None and not timed_out and not (cancellable and abandoned()):
+        try:
+            proc.wait(timeout=min(_CANCEL_POLL_S, max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            timed_out = time.monotonic() >= deadline
+    cancelled = proc.returncode is None and not timed_out
     # The launcher's session (init takes the rest of the sandbox with it). Once the launcher
     # is reaped its id stays reserved as a process group id while any member lives.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    setup_error, status = _read_report(status_r)
+    setup_error, status, exceeded = _read_report(status_r)
     stdout, cut_out = _read_head(paths["stdout"])
     stderr, cut_err = _read_head(paths["stderr"])
     # Init (PID 1) cannot die of the program's signal, so it reports the wait status.
@@ -222,7 +250,10 @@ def _run_launcher(
         rc = proc.returncode
     if setup_error:
         stderr = f"sandbox setup failed: {setup_error}\n{stderr}"
-    reason = _killed_reason(rc, timed_out, bool(setup_error))
+    if cancelled:
+        reason = "cancelled"
+    else:
+        reason = exceeded or _killed_reason(rc, timed_out, bool(setup_error))
     return SandboxResult(rc, stdout, stderr, timed_out, reason, 0.0, cut_out or cut_err)
 
 
@@ -230,11 +261,6 @@ def _launch_spec(
     cfg: SandboxConfig, support: SandboxSupport, uid: int | None, workdir: str, status_fd: int
 ) -> dict:
     """The launcher's instructions (JSON on its command line; nothing secret in them)."""
-    home = os.path.realpath(sys.base_prefix)
-    interpreter = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    relocated = support.isolated and interpreter.startswith(home + os.sep)
-    if relocated:  # the install is bound read-only at PYTHON_MOUNT (its path may be private)
-        interpreter = PYTHON_MOUNT + interpreter[len(home) :]
     cwd = WORK_MOUNT if support.isolated else workdir
     env = {
         "PATH": _PATH,
@@ -245,16 +271,14 @@ def _launch_spec(
         "PYTHONHASHSEED": "0",  # ignored under -I; kept for programs the program starts
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    if relocated:  # libpython may be found through an absolute RUNPATH under home
-        env["LD_LIBRARY_PATH"] = PYTHON_MOUNT + "/lib"
     return {
         "isolate": support.isolated,
         "userns": support.isolated and os.geteuid() != 0,
         "uid": uid,
         "workdir": workdir,
-        "python_home": home,
+        "jail": {**jail_paths(), "disk_mb": cfg.disk_mb},
         "cwd": cwd,
-        "argv": [interpreter, "-I", "-S", "-B", "prog.py"],
+        "argv": [_interpreter(), "-I", "-S", "-B", "prog.py"],
         "env": env,
         "limits": {
             "cpu_s": cfg.cpu_s,
@@ -267,22 +291,66 @@ def _launch_spec(
     }
 
 
-def _read_report(status_r: int) -> tuple[str, int | None]:
-    """The launcher's report lines: ``error MESSAGE`` and ``status WAIT_STATUS``."""
+def _interpreter() -> str:
+    """The base interpreter (not a virtual environment's link to it)."""
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+@functools.cache
+def jail_paths() -> dict[str, list]:
+    """What the jail shows of the host, at the same paths, read-only: ``binds`` (the
+    interpreter, its shared library, its standard library and extension modules, the system
+    library directories and the loader's cache), ``symlinks`` (top-level links such as
+    /lib -> usr/lib, as [path, target]) and ``masks`` (package directories inside those
+    trees, covered by empty directories). Nothing else: no datasets, repositories, home
+    directories, caches, /etc or other runs."""
+    binds, symlinks = {_interpreter()}, []
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        library = os.path.join(libdir, sysconfig.get_config_var("INSTSONAME") or "")
+        if os.path.isfile(library):
+            binds.add(os.path.realpath(library))
+    # the base installation's standard library and extension modules (never sys.path: it
+    # may hold the project, its packages or its data)
+    for path in (sysconfig.get_paths()["stdlib"], sysconfig.get_config_var("DESTSHARED")):
+        if path and os.path.isdir(path):
+            binds.add(os.path.realpath(path))
+    for path in _SYSTEM_LIBS:
+        if os.path.islink(path):
+            symlinks.append([path, os.readlink(path)])
+        elif os.path.exists(path):
+            binds.add(path)
+    binds = sorted(b for b in binds if not any(b.startswith(o + os.sep) for o in binds))
+    masks = sorted(
+        os.path.join(root, name)
+        for bound in binds
+        if os.path.isdir(bound)
+        for root in (bound, *glob.glob(os.path.join(bound, "python*")))
+        for name in _PACKAGE_DIRS
+        if os.path.isdir(os.path.join(root, name)) and not os.path.islink(os.path.join(root, name))
+    )
+    return {"binds": binds, "symlinks": symlinks, "masks": masks}
+
+
+def _read_report(status_r: int) -> tuple[str, int | None, str | None]:
+    """The launcher's report lines: ``error MESSAGE``, ``status WAIT_STATUS`` and ``killed
+    LIMIT`` (the whole sandbox passed LIMIT: memory | cpu_time)."""
     os.set_blocking(status_r, False)
     data = b""
     with contextlib.suppress(BlockingIOError):
         while chunk := os.read(status_r, 4096):
             data += chunk
     os.close(status_r)
-    errors, status = [], None
+    errors, status, exceeded = [], None, None
     for line in data.decode(errors="replace").splitlines():
         kind, _, value = line.partition(" ")
         if kind == "error":
             errors.append(value)
         elif kind == "status" and value.isdigit():
             status = int(value)
-    return "; ".join(errors), status
+        elif kind == "killed" and value in ("memory", "cpu_time"):
+            exceeded = value
+    return "; ".join(errors), status, exceeded
 
 
 def _killed_reason(rc: int, timed_out: bool, setup_failed: bool) -> str | None:

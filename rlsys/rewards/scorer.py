@@ -90,6 +90,8 @@ class RewardScorer:
         )
         call.start()
         call.join(self.timeout_s)
+        if call.is_alive():
+            call.abandon()
         if call.is_alive() or call.exc is not None or len(call.result or ()) != len(items):
             why = (
                 f"timeout after {self.timeout_s}s"

@@ -3,8 +3,10 @@ number gives reward 0 and a counted error, never a crash.
 
 Each call runs on its own daemon thread, at most ``concurrency`` at once, and is waited for
 at most ``timeout_s``: a call that hangs is abandoned (a thread cannot be killed; its slot is
-freed) rather than blocking later calls. Code that must be killed runs in a subprocess
-(``rlsys.rewards.sandbox``) or on a reward worker actor (``rlsys.rewards.pool``).
+freed) rather than blocking later calls. A reward that runs subprocesses checks
+``abandoned()`` and stops them at once (the code sandbox does). Code that must be killed runs
+in a subprocess (``rlsys.rewards.sandbox``) or on a reward worker actor
+(``rlsys.rewards.pool``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import inspect
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,6 +47,21 @@ async def _await(awaitable):
     return await awaitable
 
 
+_local = threading.local()  # .call: the RewardCall this thread runs; .pid: in this process
+
+
+def in_reward_call() -> bool:
+    """Whether this thread is running a reward call (in this process: a child forked by the
+    reward function is not)."""
+    return getattr(_local, "call", None) is not None and _local.pid == os.getpid()
+
+
+def abandoned() -> bool:
+    """Whether the reward call running on this thread was given up on (it timed out): a
+    reward should then stop its work and kill what it started."""
+    return in_reward_call() and _local.call.gave_up.is_set()
+
+
 class RewardCall(threading.Thread):
     """One reward call on a daemon thread, holding its result or exception."""
 
@@ -51,12 +69,18 @@ class RewardCall(threading.Thread):
         super().__init__(daemon=True, name="reward")
         self.fn, self.args = fn, args
         self.result, self.exc = None, None
+        self.gave_up = threading.Event()
 
     def run(self) -> None:
+        _local.call, _local.pid = self, os.getpid()
         try:
             self.result = _call(self.fn, *self.args)
         except BaseException as exc:  # noqa: BLE001 - reported as the outcome
             self.exc = exc
+
+    def abandon(self) -> None:
+        """Give up on the call: ``abandoned()`` is true on its thread from now on."""
+        self.gave_up.set()
 
 
 def outcome_of(result) -> RewardOutcome:
@@ -89,6 +113,7 @@ def score_many(
         for call in calls:
             call.join(max(0.0, deadline - time.monotonic()))
             if call.is_alive():
+                call.abandon()
                 outcomes.append(RewardOutcome(0.0, False, f"timeout after {timeout_s}s"))
             elif call.exc is not None:
                 log.debug("reward function failed: %r", call.exc)

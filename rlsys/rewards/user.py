@@ -1,14 +1,53 @@
-"""User reward functions loaded from a Python file: ``reward.fn=path/to/file.py:function``."""
+"""User reward functions loaded from a Python file: ``reward.fn=path/to/file.py:function``.
+
+They run on the scorer's threads (``reward.num_workers=0``, the default) or on reward worker
+actors. On threads, an exception, ``sys.exit`` or a timeout scores the sample 0 and counts an
+error (``rlsys.rewards.scoring``), and so does ``os._exit``: once a user reward is loaded,
+``os._exit`` called on a reward thread raises ``RewardExit`` there instead of ending the
+trainer. What cannot be caught in-process (a segfault in C code) ends the run with a Python
+traceback of every thread (``faulthandler``) naming the function; run such code on reward
+workers (``reward.num_workers`` >= 1), where a dead worker is replaced and its batch scores 0.
+"""
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import inspect
+import os
 import sys
+import threading
 from pathlib import Path
 
 from rlsys.config.errors import ConfigError
 from rlsys.rewards.registry import RewardFn
+from rlsys.rewards.scoring import in_reward_call
+
+_guard_lock = threading.Lock()
+_real_exit = os._exit
+
+
+class RewardExit(RuntimeError):
+    """A reward function called ``os._exit``: it scores 0 instead of ending the process."""
+
+
+def _guarded_exit(status: int) -> None:
+    if in_reward_call():
+        raise RewardExit(
+            f"the reward function called os._exit({status}); that would end the trainer, so "
+            "the sample scores 0"
+        )
+    _real_exit(status)
+
+
+def _guard_process() -> None:
+    """Make ``os._exit`` on a reward thread an exception, and have a fatal signal print every
+    thread's stack (idempotent)."""
+    with _guard_lock:
+        if os._exit is not _guarded_exit:
+            os._exit = _guarded_exit
+        if not faulthandler.is_enabled():
+            faulthandler.enable(all_threads=True)
 
 
 def load_user_reward(spec: str) -> RewardFn:
@@ -22,6 +61,7 @@ def load_user_reward(spec: str) -> RewardFn:
             f"reward.fn={spec!r}: {path} is not a file; pass reward.fn=path/to/file.py:function "
             "(relative paths are from the directory rlsys runs in)"
         )
+    _guard_process()
     module_name = f"rlsys_user_reward_{abs(hash(str(path)))}"
     module = sys.modules.get(module_name)
     if module is None:

@@ -210,7 +210,7 @@ def test_bad_checkpoints_fail_naming_the_path_and_the_fix(saved, tiny_model_dir,
     expected = {
         "missing": "does not exist",
         "corrupt": "backend.json is unreadable",
-        "no_metadata": "loading the model/optimizer state failed",
+        "no_metadata": "has no dcp/.metadata",
         "no_state": "has no state.json",
         "other_backend": "backend='fsdp2'",
         "other_world_size": "world_size=2",

@@ -101,6 +101,7 @@ def test_train_runs_on_each_topology_and_leaves_its_outputs(tmp_path, topology):
     assert json.loads(evaluated.stdout)["num_prompts"] == 16
 
 
+@pytest.mark.long  # CI runs the weight-sync benchmark; this one's stages are timed in CI's runs
 def test_bench_step_prints_its_table_and_json(tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run(
@@ -155,6 +156,7 @@ def test_sft_command_trains_and_exports_a_model(tmp_path):
     assert [e["step"] for e in evals] == [2, 4] and "sft/loss" in evals[0]
 
 
+@pytest.mark.long  # CI's runs take the cached warm start (SFT itself: the sft command test)
 def test_uncached_warm_start_trains_fresh_and_keeps_its_model_in_the_run(tmp_path):
     overrides = [o for o in SHORT if not o.startswith("warm_start")]
     run, summary, _ = _run_ok(

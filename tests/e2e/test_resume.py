@@ -1,8 +1,9 @@
 """Exact resume: a run stopped by SIGTERM and resumed with ``resume=auto`` trains on the same
 batches with the same losses and rewards as a run that was never stopped (synchronous mode,
 CPU), for FSDP2 and DeepSpeed; FSDP2 also resumes on a different learner world size. And the
-``rlsys train`` process itself: SIGTERM checkpoints, exits 143 with a message, and
-``resume=auto`` finishes the run."""
+``rlsys train`` process itself: Ctrl-C checkpoints, exits 130 with a message, a fresh run
+refuses its directory, and ``resume=auto`` falls back past a damaged checkpoint and finishes
+the run."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from rlsys.checkpoint import read_trainer_state
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = [
@@ -175,45 +178,67 @@ def test_fsdp2_resumes_on_a_different_learner_world_size(uninterrupted, tmp_path
     _same(full_steps, resumed_steps, rel=1e-4)
 
 
-def test_sigterm_to_rlsys_train_checkpoints_exits_143_and_resume_auto_finishes(tmp_path):
+def test_ctrl_c_to_rlsys_train_checkpoints_exits_130_and_resume_auto_finishes(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) checkpoints after
+    the step like SIGTERM (whose path the Slurm and Ray-job tests take) and exits 130; the
+    same command without resume refuses the directory, leaving it as it was; resume=auto
+    falls back past a damaged newest checkpoint and finishes the run."""
     args = [
         sys.executable,
         "-m",
         "rlsys.cli",
         "train",
         f"run.output_dir={tmp_path}",
+        "run.name=ctrl-c",
         *[o for o in COMMON if not o.startswith(("task.reward", "trainer.total_steps"))],
         "trainer.total_steps=12",
-        "checkpoint.every=0",  # only the one SIGTERM makes
+        "checkpoint.every=2",
     ]
+    run_dir = tmp_path / "ctrl-c"
+    metrics = run_dir / "metrics.jsonl"
     proc = subprocess.Popen(
-        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 300
-    metrics = None
     while time.monotonic() < deadline and proc.poll() is None:
-        found = list(tmp_path.glob("*/metrics.jsonl"))
-        if found and any(json.loads(x)["step"] >= 1 for x in found[0].read_text().splitlines()):
-            metrics = found[0]
+        if metrics.exists() and any(
+            json.loads(x)["step"] >= 3 for x in metrics.read_text().splitlines()
+        ):
             break
         time.sleep(0.05)
-    assert metrics is not None, proc.communicate()[1][-3000:]
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
     sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     took = time.monotonic() - sent
-    assert proc.returncode == 143, err[-3000:]
-    assert "stopped by SIGTERM" in err and "resume=auto" in err
-    assert took < 60, f"SIGTERM took {took:.0f}s to checkpoint and exit"
-    run_dir = metrics.parent
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopped by SIGINT" in err and "resume=auto" in err and "Traceback" not in err
+    assert took < 60, f"Ctrl-C took {took:.0f}s to checkpoint and exit"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["preempted"] and 1 <= summary["steps"] < 12
-    assert (Path(summary["last_checkpoint"]) / "manifest.json").exists()
+    assert summary["preempted"] and 3 <= summary["steps"] < 12
+    newest = Path(summary["last_checkpoint"])
+    assert (newest / "manifest.json").exists()
+    assert len(list((run_dir / "checkpoints").glob("step_*"))) == 2  # checkpoint.keep
 
+    before = sorted((p, p.stat().st_size) for p in run_dir.rglob("*") if p.is_file())
+    start = time.monotonic()
+    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 2 and "already holds a run" in again.stderr, again.stderr
+    assert time.monotonic() - start < 15  # before Ray starts (5 s of it is imports)
+    assert sorted((p, p.stat().st_size) for p in run_dir.rglob("*") if p.is_file()) == before
+
+    state = newest / "trainer.json"  # damaged, same size: only reading it can tell
+    state.write_bytes(b"x" * state.stat().st_size)
     done = subprocess.run([*args, "resume=auto"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert f"checkpoint {newest} does not load" in done.stderr
     final = json.loads((run_dir / "summary.json").read_text())
-    assert final["steps"] == 12 and final["resumed_from"] == summary["last_checkpoint"]
+    assert final["steps"] == 12 and final["resumed_from"] != str(newest)
     assert final["accounting"]["balanced"]
     assert Path(final["final_model"], "config.json").exists()
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
@@ -224,8 +249,6 @@ def test_async_ppo_run_resumes_with_its_queued_groups_and_critic(ray_cpu, tmp_pa
     """max_staleness=2: a checkpoint holds groups already generated for later steps; PPO's
     critic is checkpointed beside the policy. The resumed run trains on those groups first
     and its accounting balances across the two processes."""
-    import pickle
-
     extra = [
         "algorithm=ppo",
         "critic.num_cpus_per_rank=0.5",
@@ -238,7 +261,7 @@ def test_async_ppo_run_resumes_with_its_queued_groups_and_critic(ray_cpu, tmp_pa
     assert stopped["preempted"]
     checkpoint = Path(stopped["last_checkpoint"])
     assert (checkpoint / "critic").is_dir()
-    state = pickle.loads((checkpoint / "trainer.pkl").read_bytes())
+    state = read_trainer_state(checkpoint)
     queued = sum(len(g.samples) for g in state["buffer"]["groups"])
     acc = stopped["accounting"]
     assert queued > 0, "generation ran ahead, so the checkpoint should hold queued groups"

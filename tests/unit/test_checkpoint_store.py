@@ -48,7 +48,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path):
     store.save(10, _write("ok"))
 
     def crash(tmp):
-        (tmp / "trainer.pkl").write_text("half")
+        (tmp / "trainer.json").write_text("half")
         raise OSError("disk full")
 
     with pytest.raises(OSError):
@@ -62,7 +62,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path):
         (lambda p: (p / "manifest.json").unlink(), "no manifest.json"),
         (lambda p: (p / "manifest.json").write_text("{not json"), "unreadable manifest"),
         (lambda p: (p / "policy" / "shard.bin").unlink(), "policy/shard.bin is missing"),
-        (lambda p: (p / "trainer.pkl").write_bytes(b"cut"), "trainer.pkl has 3 bytes"),
+        (lambda p: (p / "trainer.json").write_bytes(b"cut"), "trainer.json has 3 bytes"),
     ],
 )
 def test_damaged_checkpoints_are_detected_and_skipped(tmp_path, damage, reason):
@@ -75,8 +75,11 @@ def test_damaged_checkpoints_are_detected_and_skipped(tmp_path, damage, reason):
 
 
 def test_unreadable_trainer_state_names_the_file(tmp_path):
-    (tmp_path / "trainer.pkl").write_bytes(b"\x80\x05garbage")
-    with pytest.raises(CheckpointError, match="trainer.pkl is unreadable"):
+    (tmp_path / "trainer.json").write_bytes(b"\x80\x05garbage")
+    with pytest.raises(CheckpointError, match="trainer.json is unreadable"):
+        read_trainer_state(tmp_path)
+    (tmp_path / "trainer.json").write_text('{"format": "rlsys.trainer_state", "version": 99}')
+    with pytest.raises(CheckpointError, match="format version 99; this rlsys reads version 1"):
         read_trainer_state(tmp_path)
 
 
@@ -95,6 +98,18 @@ def test_resume_auto_picks_the_run_with_the_newest_checkpoint(tmp_path):
     assert resolve_resume(str(chosen), str(tmp_path), None) == (tmp_path / "run-a", chosen)
     with pytest.raises(CheckpointError, match="not a run directory"):
         resolve_resume(str(tmp_path / "elsewhere"), str(tmp_path), None)
+
+
+def test_resume_auto_over_only_damaged_checkpoints_is_an_error(tmp_path):
+    """It neither starts a fresh run over them (which would prune them and mix two runs'
+    metrics) nor picks another run."""
+    store = CheckpointStore(tmp_path / "run-a" / "checkpoints", 2)
+    for step in (1, 2):
+        (store.save(step, _write("a")) / "manifest.json").unlink()
+    for run_name in ("run-a", None):
+        with pytest.raises(CheckpointError, match="step_000002.*step_000001.*move the run"):
+            resolve_resume("auto", str(tmp_path), run_name)
+    assert len(store.saved()) == 2
 
 
 def test_trim_metrics_drops_later_steps_and_torn_lines(tmp_path):
@@ -156,7 +171,7 @@ def test_checkpoint_dir_is_fsynced_before_rename(tmp_path, monkeypatch):
     store = CheckpointStore(tmp_path / "checkpoints", keep=1)
     path = store.save(1, _write("x"))
     tmp_name = ".tmp-step_000001"
-    assert any(p.endswith(f"{tmp_name}/trainer.pkl") for p in synced)
+    assert any(p.endswith(f"{tmp_name}/trainer.json") for p in synced)
     assert any(p.endswith(f"{tmp_name}/manifest.json") for p in synced)
     assert synced[-1] == str(path.parent)  # the rename itself is made durable
 
@@ -170,3 +185,51 @@ def test_export_refuses_an_incomplete_checkpoint(tmp_path, capsys):
     assert main(["export", str(path), str(tmp_path / "out")]) == 2
     assert "no manifest.json" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def _run_with_checkpoints(tmp_path, steps: tuple[int, ...]) -> CheckpointStore:
+    store = CheckpointStore(tmp_path / "run" / "checkpoints", 3)
+    for step in steps:
+        store.save(step, lambda tmp, s=step: write_trainer_state(tmp, {"run_info": {"s": s}}))
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    return store
+
+
+def test_resume_falls_back_past_an_unreadable_trainer_state(tmp_path):
+    """The newest checkpoint is complete (sizes match its manifest) but its controller state
+    does not parse: resume starts from the previous one."""
+    from rlsys.app import _resume_point
+    from rlsys.config.loader import load_config
+
+    store = _run_with_checkpoints(tmp_path, (1, 2))
+    newest = store.latest() / "trainer.json"
+    newest.write_bytes(b"x" * newest.stat().st_size)
+    cfg = load_config([f"run.output_dir={tmp_path}", "run.name=run", "resume=auto"])
+    run_dir, candidates, run_info = _resume_point(cfg)
+    assert run_dir == tmp_path / "run"
+    assert [step_of(p) for p in candidates] == [1] and run_info == {"s": 1}
+
+    (store.saved()[1] / "trainer.json").write_bytes(b"{}" + b" " * 40)
+    newest.write_bytes(b"x" * newest.stat().st_size)
+    with pytest.raises(CheckpointError, match="no checkpoint of .* loads.*nothing was changed"):
+        _resume_point(cfg)
+    assert len(store.saved()) == 2
+
+
+def test_a_fresh_run_never_reuses_a_directory_that_holds_a_run(tmp_path):
+    from rlsys.config.errors import ConfigError
+    from rlsys.config.loader import load_config
+    from rlsys.run_dir import make_run_dir
+
+    _run_with_checkpoints(tmp_path, (1,))
+    cfg = load_config([f"run.output_dir={tmp_path}", "run.name=run"])
+    with pytest.raises(ConfigError, match="already holds a run .*resume=auto to continue it"):
+        make_run_dir(cfg)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("step") == 2
+
+    # resume=auto over a run that never checkpointed: it starts over there, old records gone
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "metrics.jsonl").write_text('{"step": 1}\n')
+    cfg = load_config([f"run.output_dir={tmp_path}", "run.name=fresh", "resume=auto"])
+    assert make_run_dir(cfg, restart=True) == tmp_path / "fresh"
+    assert (tmp_path / "fresh" / "metrics.jsonl").read_text() == ""

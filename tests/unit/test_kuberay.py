@@ -430,6 +430,11 @@ def test_the_job_runs_rlsys_train_with_the_run_on_the_volume(base):
         "run.output_dir=/data",
         "run.name=a",
     ]
+    # retries continue the run the failed attempt left (a fresh run would be refused it)
+    retried = configured(
+        base, {"run.name": "a", "run.output_dir": "/data", "launcher.kuberay.backoff_limit": 2}
+    )
+    assert job_overrides(retried, ["run.name=a"], "a") == ["run.name=a", "resume=auto"]
 
 
 def test_every_pod_mounts_the_volume_and_gets_the_tracker_keys(base):

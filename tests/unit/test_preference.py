@@ -180,7 +180,7 @@ def test_file_pairs_skip_malformed_rows_and_hold_out(tmp_path):
     splits = file_pairs(PreferenceDataConfig(train_path=str(path), eval_size=3), seed=0)
     assert (len(splits.train), len(splits.eval), splits.skipped_rows) == (17, 3, 3)
     assert splits.train[0].prompt.meta["id"] is not None
-    with pytest.raises(FileNotFoundError, match="preference.train_path"):
+    with pytest.raises(ConfigError, match="preference.train_path"):
         file_pairs(PreferenceDataConfig(train_path=str(tmp_path / "missing.jsonl")), 0)
 
 

@@ -34,6 +34,14 @@ def hangs(prompt, completion, metadata):
 
 def wrong_arity(x):
     return 0
+
+def exits(prompt, completion, metadata):
+    import os, sys
+    if completion == "os._exit":
+        os._exit(3)
+    if completion == "sys.exit":
+        sys.exit(4)
+    return 1.0
 """
 
 
@@ -93,6 +101,26 @@ def test_a_hanging_call_does_not_block_the_others(user_file):
     assert time.monotonic() - started < 5
     assert [o.reward for o in outs] == [0.0] * 3 + [1.0] * 6
     assert all("timeout" in o.error for o in outs[:3])
+
+
+def test_a_user_reward_that_exits_scores_zero_and_the_process_lives_on(user_file):
+    """os._exit on a reward thread would end the trainer with no message: it raises there
+    instead. The same os._exit outside a reward call still exits (a child process checks)."""
+    import subprocess
+    import sys
+
+    scorer = RewardScorer(
+        [Component("user", load_user_reward(f"{user_file}:exits"), 1.0, True)], timeout_s=5.0
+    )
+    items = [("p", "os._exit", {}), ("p", "fine", {}), ("p", "sys.exit", {})]
+    outs = scorer.score(items)
+    assert [o.reward for o in outs] == [0.0, 1.0, 0.0] and [o.errors for o in outs] == [1, 0, 1]
+    assert "called os._exit(3)" in outs[0].error and "SystemExit" in outs[2].error
+    code = (
+        f"from rlsys.rewards.user import load_user_reward; load_user_reward({str(user_file)!r}"
+        " + ':exits'); import os; os._exit(7)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], cwd=user_file.parent).returncode == 7
 
 
 def test_a_failing_component_scores_zero_and_counts_an_error():

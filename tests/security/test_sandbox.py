@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from processes import processes_with
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardConfig, SandboxConfig
@@ -30,20 +31,6 @@ CFG = SandboxConfig(wall_s=3.0, cpu_s=2.0, memory_mb=256, max_processes=16, file
 SLACK_S = 12.0  # a contained run ends within wall_s + this, even on a loaded 2-core box
 # A hostile program prints PWNED only if its attack worked, so a score of 0 means contained.
 PWNED = [{"input": "", "output": "PWNED"}]
-
-
-@pytest.fixture(scope="module")
-def isolated():
-    support = sandbox_support()
-    assert support.runs, support.reason
-    if not support.isolated:
-        if os.geteuid() == 0:
-            pytest.fail(f"running as root, yet the sandbox is not isolated: {support.reason}")
-        pytest.skip(
-            f"no namespaces for a non-root user here: {support.reason}; run the tests as root, "
-            "or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
-        )
-    return support
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +82,14 @@ def test_sleeping_program_is_killed_at_wall_time(reward, monkeypatch):
 def test_fork_bomb_is_bounded_and_leaves_no_process(reward, monkeypatch):
     marker = f"{time.time_ns() % 10**6}.{os.getpid()}"  # a unique `sleep` argument
     code = f"""
-import os
+import os, sys
 while True:
     try:
         if os.fork() == 0:
             os.setsid()  # leave the process group: only the PID namespace can catch it
             if os.fork() == 0:
-                os.execv("/bin/sleep", ["sleep", "{marker}"])
+                os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)",
+                                          "{marker}"])
     except OSError:
         pass
 """
@@ -117,21 +105,9 @@ while True:
     )
     _contained(reward, spawner, monkeypatch)
     deadline = time.monotonic() + 5
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _processes_with(marker)
-
-
-def _processes_with(marker: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            found.append(pid)
-    return found
+    assert not processes_with(marker)
 
 
 def test_memory_hog_fails(reward, monkeypatch):
