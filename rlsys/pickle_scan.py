@@ -15,6 +15,7 @@ resolves is exactly what the unpickler would import. Anything it cannot resolve 
 from __future__ import annotations
 
 import pickletools
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,6 +23,23 @@ _STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRI
 _STRING_OPS |= {"SHORT_BINSTRING", "BINSTRING"}
 _GET_OPS = {"BINGET", "LONG_BINGET", "GET"}
 _PUT_OPS = {"BINPUT", "LONG_BINPUT", "PUT"}
+
+_DTYPES = [
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+]
 
 # DCP's .metadata (torch.distributed.checkpoint): its dataclasses, torch sizes, dtypes and
 # layouts, and the path it was saved to.
@@ -48,27 +66,34 @@ DCP_METADATA_GLOBALS = frozenset(
         "pathlib WindowsPath",
         "pathlib._local PosixPath",  # Python 3.13+
         "pathlib._local WindowsPath",
-        *(
-            f"torch {dtype}"
-            for dtype in [
-                "float64",
-                "float32",
-                "float16",
-                "bfloat16",
-                "int64",
-                "int32",
-                "int16",
-                "int8",
-                "uint8",
-                "bool",
-                "complex64",
-                "complex128",
-                "float8_e4m3fn",
-                "float8_e5m2",
-            ]
-        ),
+        *(f"torch {dtype}" for dtype in _DTYPES),
     }
 )
+
+_STORAGES = "Float Double Half BFloat16 Long Int Short Char Byte Bool ComplexFloat ComplexDouble"
+
+# torch.save'd files (zip archives with a data.pkl): what tensors, sizes and dtypes need.
+TORCH_GLOBALS = frozenset(
+    {
+        "collections OrderedDict",
+        "torch Size",
+        "torch Tensor",
+        "torch._utils _rebuild_tensor_v2",
+        "torch._utils _rebuild_parameter",
+        "torch._tensor _rebuild_from_type_v2",
+        "torch.nn.parameter Parameter",
+        "torch.storage UntypedStorage",
+        *(f"torch {kind}Storage" for kind in _STORAGES.split()),
+        *(f"torch {dtype}" for dtype in _DTYPES),
+    }
+)
+# DeepSpeed's ZeRO checkpoint files: torch's, plus the few DeepSpeed types they hold.
+DEEPSPEED_GLOBALS = TORCH_GLOBALS | {
+    "deepspeed.runtime.fp16.loss_scaler LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler DynamicLossScaler",
+    "deepspeed.runtime.zero.config ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment fragment_address",
+}
 
 
 class UnsafePickleError(ValueError):
@@ -120,22 +145,38 @@ def globals_of(data: bytes) -> list[str]:
     return found
 
 
+def check_torch_file(path: Path, allowed: Iterable[str], what: str) -> None:
+    """``check_pickle`` for a file ``torch.save`` wrote (a zip holding ``*/data.pkl``); the
+    legacy format and anything else that is not such an archive is refused."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = {n: archive.read(n) for n in archive.namelist() if n.endswith(".pkl")}
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise UnsafePickleError(f"{what} {path} is not a torch zip archive: {exc}") from exc
+    if not pickles:
+        raise UnsafePickleError(f"{what} {path} holds no data.pkl")
+    for name, data in pickles.items():
+        _check_globals(data, frozenset(allowed), f"{what} {path} ({name})")
+
+
 def check_pickle(path: Path, allowed: Iterable[str], what: str) -> None:
     """Raise UnsafePickleError naming ``path`` unless every global of the pickle there is in
     ``allowed`` (``"module name"`` strings); ``what`` says what the file is for the message."""
-    allowed = frozenset(allowed)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise UnsafePickleError(f"{what} {path} is unreadable: {exc}") from exc
+    _check_globals(data, frozenset(allowed), f"{what} {path}")
+
+
+def _check_globals(data: bytes, allowed: frozenset[str], what: str) -> None:
     try:
         names = globals_of(data)
     except UnsafePickleError as exc:
-        raise UnsafePickleError(f"{what} {path} was not read: {exc}") from exc
+        raise UnsafePickleError(f"{what} was not read: {exc}") from exc
     unknown = sorted({n for n in names if n not in allowed})
     if unknown:
         raise UnsafePickleError(
-            f"{what} {path} names {unknown}, which a checkpoint of this kind never holds; it "
-            "was not read, since unpickling it could run code. Use a checkpoint from a source "
-            "you trust"
+            f"{what} names {unknown}, which a checkpoint of this kind never holds; it was not "
+            "read, since unpickling it could run code. Use a checkpoint from a source you trust"
         )

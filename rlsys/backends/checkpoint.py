@@ -126,6 +126,18 @@ def check_dcp_metadata(dcp_dir: Path) -> None:
             raise BackendCheckpointError(f"backend checkpoint {dcp_dir.parent}: {exc}") from exc
 
 
+def check_deepspeed_files(state_dir: Path) -> None:
+    """Refuse a DeepSpeed checkpoint any of whose files (read by DeepSpeed with
+    ``torch.load(weights_only=False)``) names anything its kind never holds."""
+    from rlsys.pickle_scan import DEEPSPEED_GLOBALS, UnsafePickleError, check_torch_file
+
+    for path in sorted(state_dir.glob("*.pt")):
+        try:
+            check_torch_file(path, DEEPSPEED_GLOBALS, "DeepSpeed checkpoint file")
+        except UnsafePickleError as exc:
+            raise BackendCheckpointError(f"backend checkpoint {state_dir}: {exc}") from exc
+
+
 class _WeightsOnlyBytes:
     """DCP planners' byte items (non-tensor state, e.g. optimizer param_groups) read with
     ``torch.load(weights_only=True)``: torch's default planners unpickle them in full, which

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from rlsys.backends.base import TrainingBackend
-from rlsys.backends.checkpoint import BackendCheckpointError
+from rlsys.backends.checkpoint import BackendCheckpointError, check_deepspeed_files
 from rlsys.config.learner import DeepSpeedConfig, OptimConfig
 
 DS_DIR = "deepspeed"  # the checkpoint's engine state: DS_DIR/DS_TAG/*.pt
@@ -159,6 +159,7 @@ class DeepSpeedBackend(TrainingBackend):
                 f"backend checkpoint {root} has no {DS_DIR}/{DS_TAG}/: it is incomplete or was "
                 "not written by the deepspeed backend; load a complete checkpoint"
             )
+        check_deepspeed_files(tag_dir)
         loaded, _ = self.engine.load_checkpoint(
             str(root / DS_DIR), tag=DS_TAG, load_lr_scheduler_states=False
         )

@@ -32,6 +32,7 @@ def _zero_model_state(root: Path) -> dict[str, torch.Tensor]:
 
     from rlsys.backends.deepspeed import DS_DIR, DS_TAG
 
+    ckpt.check_deepspeed_files(root / DS_DIR / DS_TAG)
     return get_fp32_state_dict_from_zero_checkpoint(str(root / DS_DIR), tag=DS_TAG)
 
 

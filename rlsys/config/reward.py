@@ -24,8 +24,8 @@ class SandboxConfig:
     file_size_mb: int = 8  # largest file the program may write (RLIMIT_FSIZE), MiB
     disk_mb: int = 32  # all files the program writes together (its directory is a tmpfs), MiB
     # Without namespaces (no jail, no network cut-off) code rewards refuse to run; true runs
-    # the code anyway, unjailed, with per-process rlimits only (see docs/sandbox.md).
-    allow_network: bool = False
+    # the code anyway, unjailed and online, with per-process rlimits only (docs/rewards.md).
+    unsafe_no_isolation: bool = False
 
     def __post_init__(self) -> None:
         for key in ("wall_s", "cpu_s", "memory_mb", "max_processes", "file_size_mb", "disk_mb"):

@@ -24,7 +24,7 @@ How one run is contained (Linux):
 * The parent kills the launcher's process group after ``wall_s``; init dies with it.
 
 Where namespaces cannot be created the run is refused unless
-``reward.sandbox.allow_network`` is true; then only the rlimits, the uid and the
+``reward.sandbox.unsafe_no_isolation`` is true; then only the rlimits, the uid and the
 process-group kill apply. ``sandbox_support()`` says which mode this machine gets.
 """
 
@@ -133,12 +133,12 @@ def check_sandbox(cfg: SandboxConfig) -> None:
             "run code rewards (task.reward=code_tests) on a Linux host or reward worker "
             "where it can"
         )
-    if not support.isolated and not cfg.allow_network:
+    if not support.isolated and not cfg.unsafe_no_isolation:
         raise ConfigError(
-            "the code sandbox cannot cut programs off the network here (no network "
-            f"namespace: {support.reason}); run as root or enable unprivileged user "
-            "namespaces, or set reward.sandbox.allow_network=true to run the code anyway "
-            "with only rlimits and an unprivileged user"
+            "the code sandbox cannot jail programs here (no namespaces: "
+            f"{support.reason}); run as root or enable unprivileged user namespaces, or set "
+            "reward.sandbox.unsafe_no_isolation=true to run the code anyway, unjailed and "
+            "online, with only rlimits and an unprivileged user"
         )
 
 

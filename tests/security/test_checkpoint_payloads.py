@@ -122,3 +122,26 @@ def test_a_planted_dcp_byte_item_is_never_unpickled(tmp_path):
     assert not marker.exists()
     load(DefaultLoadPlanner())  # the attack is real: torch's own planner runs it
     assert marker.exists()
+
+
+def test_a_planted_deepspeed_file_is_never_unpickled(tmp_path):
+    """DeepSpeed reads its checkpoint files with torch.load(weights_only=False): rlsys scans
+    each file's pickle first and refuses one naming anything a ZeRO checkpoint never holds."""
+    import json
+
+    import torch
+
+    from rlsys.backends.checkpoint import BackendCheckpointError
+    from rlsys.backends.export import export_hf
+
+    marker = tmp_path / "pwned"
+    policy = tmp_path / "policy"
+    state = policy / "deepspeed" / "state"
+    state.mkdir(parents=True)
+    info = {"backend": "deepspeed", "role": "policy", "model_path": "builtin:tiny"}
+    (policy / "backend.json").write_text(json.dumps({**info, "dtype": "float32"}))
+    torch.save({"module": {"w": torch.ones(2)}}, state / "mp_rank_00_model_states.pt")
+    torch.save({"loss_scaler": _Payload(str(marker))}, state / "zero_pp_rank_0_optim_states.pt")
+    with pytest.raises(BackendCheckpointError, match=r"optim_states.pt .*names \['io open'\]"):
+        export_hf(str(policy), str(tmp_path / "out"))
+    assert not marker.exists()

@@ -261,9 +261,9 @@ def test_program_extraction():
 def test_a_machine_without_network_isolation_refuses_at_build(monkeypatch):
     no_netns = sandbox.SandboxSupport(True, False, "self", "unshare: EPERM")
     monkeypatch.setattr(sandbox, "_support", no_netns)
-    with pytest.raises(ConfigError, match="reward.sandbox.allow_network"):
+    with pytest.raises(ConfigError, match="reward.sandbox.unsafe_no_isolation"):
         build_reward("code_tests", RewardConfig())
-    allowed = RewardConfig(sandbox=SandboxConfig(allow_network=True))
+    allowed = RewardConfig(sandbox=SandboxConfig(unsafe_no_isolation=True))
     assert isinstance(build_reward("code_tests", allowed), CodeTests)
 
 
