@@ -10,7 +10,6 @@ import logging
 import time
 
 import pytest
-import ray
 
 from rlsys.cli import main
 from rlsys.data.tasks import read_rows
@@ -18,9 +17,20 @@ from rlsys.data.tasks import read_rows
 FAST_S = 5.0  # config and data errors come back within this (imports aside: they are warm)
 
 
+@pytest.fixture(autouse=True)
+def no_ray(monkeypatch):
+    """Fail the test if a command gets as far as starting or joining Ray (``ray`` itself may
+    be initialised already: other tests of the session share one local Ray)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command reached connect_ray: the error came too late")
+
+    monkeypatch.setattr("rlsys.app.connect_ray", refuse)
+
+
 def _train(capsys, tmp_path, *overrides: str) -> str:
-    """``rlsys train`` with ``overrides``: exit code 2 within FAST_S, no Ray, no run
-    directory; returns what it printed to stderr."""
+    """``rlsys train`` with ``overrides``: exit code 2 within FAST_S, before Ray (the
+    no_ray fixture), no run directory; returns what it printed to stderr."""
     out = tmp_path / "runs"
     start = time.monotonic()
     code = main(["train", f"run.output_dir={out}", "run.name=r", *overrides])
@@ -28,7 +38,6 @@ def _train(capsys, tmp_path, *overrides: str) -> str:
     err = capsys.readouterr().err
     assert code == 2, err
     assert took < FAST_S, f"{took:.1f}s: {err}"
-    assert not ray.is_initialized()
     assert not (out / "r").exists()
     return err
 
@@ -106,7 +115,6 @@ def test_an_output_directory_that_cannot_be_written(capsys, tmp_path):
     assert code == 2 and time.monotonic() - start < FAST_S
     assert f"run.output_dir={a_file}/runs: cannot create the run directory there" in err
     assert "(Not a directory" in err and "set run.output_dir to a directory you can write" in err
-    assert not ray.is_initialized()
     code = main(["train", "run.output_dir=/proc/rlsys-runs", "run.name=r"])  # a system dir
     err = capsys.readouterr().err
     assert code == 2 and "run.output_dir=/proc/rlsys-runs: cannot create the run directory" in err
@@ -187,5 +195,4 @@ def test_resume_over_damaged_checkpoints_changes_nothing(capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 2 and time.monotonic() - start < FAST_S, err
     assert "checkpoint error: resume=auto: no checkpoint of" in err and "step_000002" in err
-    assert not ray.is_initialized()
     assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in run.rglob("*")) == before
