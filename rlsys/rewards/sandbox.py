@@ -13,14 +13,15 @@ How one run is contained (Linux):
   unshares network, mount, PID and IPC namespaces (plus a user namespace when not root)
   and forks the *init* of the new PID namespace: when init dies, every process in the
   sandbox dies with it, so a fork bomb cannot outlive its run.
-* Init makes every mount read-only, mounts an empty tmpfs on /tmp holding only the run's
-  working directory (``/tmp/work``, the one writable place) and a read-only view of the
-  Python installation (``/tmp/python``), an empty /run (no host sockets), and a fresh
-  /proc that shows only the sandbox.
+* Init builds a jail and pivots into it: a new root holding, read-only and at their own
+  paths, only what ``jail_paths()`` lists (the interpreter, its standard library, the system
+  libraries), five /dev nodes, a fresh /proc that shows only the sandbox, and the program's
+  directory (``/tmp/work``, a tmpfs of ``disk_mb``, the one writable place).
 * Init forks the program's process, which sets the rlimits (CPU, address space,
-  processes, file size, no core files), drops to an unprivileged uid when root (one per
-  concurrent run, so RLIMIT_NPROC counts only this run), sets no_new_privs and execs
-  ``python -I -S -B prog.py`` with a scrubbed environment.
+  processes, file size, open files, no core files), drops to an unprivileged uid when root
+  (one per concurrent run, so RLIMIT_NPROC counts only this run), sets no_new_privs and
+  execs ``python -I -S -B prog.py`` with a scrubbed environment. Init then holds the whole
+  sandbox to ``memory_mb`` and ``cpu_s`` (``sandbox_launcher._watch``).
 * The parent kills the launcher's process group after ``wall_s``; init dies with it.
 
 Where namespaces cannot be created the run is refused unless

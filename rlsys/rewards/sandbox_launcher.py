@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import json
 import os
 import resource
@@ -281,7 +282,7 @@ def _watch(pid: int, limits: dict) -> tuple[int, str | None]:
     cpu: dict[tuple[str, bytes], int] = {}  # (pid, start time) -> CPU ticks when last seen
     unmapped = 0  # memfd and SysV memory no process maps (refreshed every _FILES_EVERY)
     pidfd = os.pidfd_open(pid)
-    for poll in range(1 << 62):
+    for poll in itertools.count():
         select.select([pidfd], [], [], _POLL_S)
         while True:  # reap: the program, or orphans that init inherited
             try:
@@ -304,7 +305,6 @@ def _watch(pid: int, limits: dict) -> tuple[int, str | None]:
         if exceeded:
             _kill_all()
             return os.waitpid(pid, 0)[1], exceeded
-    raise AssertionError("unreachable")
 
 
 def _resident(pids: list[str], cpu: dict[tuple[str, bytes], int]) -> int:
