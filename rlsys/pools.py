@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 
@@ -109,11 +111,37 @@ class Pools:
             raise errors[0]
 
 
+def _start_at_once(starters: dict[str, Callable[[], Any]], stop: Callable[[Any], None]):
+    """Run every starter at once and return their results by name. Each starter creates its
+    actors and waits until they are up, so the pools' processes start, import and load their
+    models in parallel instead of one pool after another. If any starter fails, whatever did
+    start is stopped (``stop(result)``) and the first failure is raised."""
+    with ThreadPoolExecutor(max_workers=len(starters), thread_name_prefix="start") as pool:
+        futures = {name: pool.submit(fn) for name, fn in starters.items()}
+        wait(futures.values())
+    failures = [f.exception() for f in futures.values() if f.exception() is not None]
+    if failures:
+        for future in futures.values():
+            if future.exception() is None:
+                with contextlib.suppress(Exception):  # report the start failure, not this
+                    stop(future.result())
+        raise failures[0]
+    return {name: future.result() for name, future in futures.items()}
+
+
+def _stop_started(started: Any) -> None:
+    if isinstance(started, ray.actor.ActorHandle):
+        ray.kill(started)
+    elif started is not None:
+        started.shutdown()
+
+
 def start_pools(
     cfg: TrainConfig, model_path: str, roles: Roles, temperature: float | None = None
 ) -> Pools:
     """Start rollout and learner actors on ``model_path``, and the reference and critic
-    ``roles`` asks for (the critic on ``critic.model_path``, default ``model_path``).
+    ``roles`` asks for (the critic on ``critic.model_path``, default ``model_path``). The
+    pools start at the same time; a failed start stops the ones that came up.
 
     Learner and reference log-probabilities use ``temperature`` (default: the rollout's
     sampling temperature, so they score what the engines sampled; SFT passes 1.0).
@@ -121,70 +149,71 @@ def start_pools(
     placement = plan_placement(cfg, roles)
     if temperature is None:
         temperature = cfg.rollout.temperature
-    started: list[Callable[[], None]] = []  # stops of what is up, for a failed start
-    try:
-        rollout = RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype)
-        started.append(rollout.shutdown)
 
-        def respawn_learner() -> LearnerGroup:
-            return LearnerGroup(
-                cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature
-            )
-
-        def respawn_critic() -> LearnerGroup:
-            return LearnerGroup(
-                cfg.critic,
-                placement.critic,
-                cfg.critic.model_path or model_path,
-                cfg.model.dtype,
-                temperature,
-                role="value",
-            )
-
-        learner = respawn_learner()
-        started.append(learner.shutdown)
-        critic = None
-        if roles.critic:
-            critic = respawn_critic()
-            started.append(critic.shutdown)
-        reference = None
-        if roles.reference:
-            res = placement.reference
-            reference = ReferenceWorker.options(**res.actor_options()).remote(
-                model_path,
-                cfg.model.dtype,
-                cfg.learner.micro_batch_size,
-                temperature,
-                res.threads,
-                res.num_gpus,
-            )
-            started.append(lambda: ray.kill(reference))
-            ray.get(reference.ready.remote())
-        scorer = None
-        if roles.rewards:
-            scorer = RewardService(
-                cfg.task.reward,
-                cfg.reward,
-                placement.reward,
-                cfg.task.chat_template,
-                placement.reward_model,
-            )
-            started.append(scorer.shutdown)
-        pools = Pools(
-            learner,
-            rollout,
-            reference,
-            TRANSPORTS.get(cfg.weight_sync.transport)(cfg.weight_sync),
-            int(cfg.weight_sync.bucket_mb * (1 << 20)),
-            critic,
-            respawn_learner,
-            respawn_critic if roles.critic else None,
-            scorer,
+    def respawn_learner() -> LearnerGroup:
+        return LearnerGroup(
+            cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature
         )
+
+    def respawn_critic() -> LearnerGroup:
+        return LearnerGroup(
+            cfg.critic,
+            placement.critic,
+            cfg.critic.model_path or model_path,
+            cfg.model.dtype,
+            temperature,
+            role="value",
+        )
+
+    def start_reference() -> ray.actor.ActorHandle:
+        res = placement.reference
+        reference = ReferenceWorker.options(**res.actor_options()).remote(
+            model_path,
+            cfg.model.dtype,
+            cfg.learner.micro_batch_size,
+            temperature,
+            res.threads,
+            res.num_gpus,
+        )
+        try:
+            ray.get(reference.ready.remote())
+        except BaseException:
+            ray.kill(reference)
+            raise
+        return reference
+
+    starters: dict[str, Callable[[], Any]] = {
+        "rollout": lambda: RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype),
+        "learner": respawn_learner,
+    }
+    if roles.critic:
+        starters["critic"] = respawn_critic
+    if roles.reference:
+        starters["reference"] = start_reference
+    if roles.rewards:
+        starters["scorer"] = lambda: RewardService(
+            cfg.task.reward,
+            cfg.reward,
+            placement.reward,
+            cfg.task.chat_template,
+            placement.reward_model,
+        )
+    up = _start_at_once(starters, _stop_started)
+    pools = Pools(
+        up["learner"],
+        up["rollout"],
+        up.get("reference"),
+        TRANSPORTS.get(cfg.weight_sync.transport)(cfg.weight_sync),
+        int(cfg.weight_sync.bucket_mb * (1 << 20)),
+        up.get("critic"),
+        respawn_learner,
+        respawn_critic if roles.critic else None,
+        up.get("scorer"),
+    )
+    try:
         pools.connect_weight_sync()
-    except Exception:
-        for stop in reversed(started):
-            with contextlib.suppress(Exception):  # report the start failure, not a cleanup one
-                stop()
+    except BaseException:
+        with contextlib.suppress(Exception):  # report the connect failure, not a cleanup one
+            pools.shutdown()
         raise
     return pools

@@ -7,6 +7,7 @@ as an ordinary Hugging Face directory that every other part of rlsys loads by pa
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
 
@@ -18,12 +19,16 @@ BUILTIN_PREFIX = "builtin:"
 _ALPHABET = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"] + ["\n"]
 
 
+def _char_vocab() -> dict[str, int]:
+    return {tok: i for i, tok in enumerate([PAD, EOS, UNK, *_ALPHABET])}
+
+
 def build_char_tokenizer():
     """A character-level fast tokenizer covering printable ASCII (vocab ~100)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *_ALPHABET])}
+    vocab = _char_vocab()
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -32,10 +37,15 @@ def build_char_tokenizer():
     )
 
 
-def is_char_tokenizer(tokenizer) -> bool:
-    """Whether ``tokenizer`` has exactly the built-in char tokenizer's vocabulary."""
-    vocab = tokenizer.get_vocab()
-    return len(vocab) == len(_ALPHABET) + 3 and vocab == build_char_tokenizer().get_vocab()
+def saved_char_tokenizer(path: str) -> bool:
+    """Whether the model directory ``path`` holds the built-in char tokenizer (its
+    ``tokenizer.json`` read as data; False when there is none or it does not parse)."""
+    try:
+        with open(Path(path) / "tokenizer.json", encoding="utf-8") as fh:
+            model = json.load(fh).get("model") or {}
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+    return model.get("type") == "WordLevel" and model.get("vocab") == _char_vocab()
 
 
 def build_tiny_model(cfg: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, seed: int):

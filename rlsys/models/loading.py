@@ -12,7 +12,7 @@ from rlsys.models.builtin import (
     BUILTIN_PREFIX,
     build_char_tokenizer,
     builtin_dir,
-    is_char_tokenizer,
+    saved_char_tokenizer,
 )
 from rlsys.models.gguf import GGUF_PREFIX, gguf_dir
 
@@ -63,13 +63,15 @@ def resolve_model_path(cfg: ModelConfig) -> str:
 
 def load_tokenizer(path: str):
     """The tokenizer at ``path``, left-padding, with a pad token."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if is_char_tokenizer(tokenizer):
-        # transformers loads a saved char tokenizer as the model type's tokenizer class
-        # (Qwen2's), whose byte-level pre-tokenizer drops spaces: rebuild the real one
+    if saved_char_tokenizer(path):
+        # Built directly: AutoTokenizer would load it as the model type's tokenizer class
+        # (Qwen2's), whose byte-level pre-tokenizer drops spaces, and importing AutoTokenizer
+        # costs seconds of every run's start.
         tokenizer = build_char_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -107,12 +107,13 @@ def load_reward_model(path: str, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from rlsys.models.builtin import build_char_tokenizer, is_char_tokenizer
+    from rlsys.models.builtin import build_char_tokenizer, saved_char_tokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if is_char_tokenizer(tokenizer):  # see rlsys.models.loading.load_tokenizer
+        if saved_char_tokenizer(path):  # see rlsys.models.loading.load_tokenizer
             tokenizer = build_char_tokenizer()
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
         model, info = AutoModelForSequenceClassification.from_pretrained(
             path, dtype=getattr(torch, dtype), output_loading_info=True
         )
