@@ -10,7 +10,7 @@ groups as they finish, into the streaming buffer; this thread is the learner::
         buffer  <- groups, stamped with the version that generated them
     each step, on this thread:
         batch    <- buffer (groups > max_staleness versions old are dropped)
-        old_lp   <- learner forward before the update            (learner_logprobs)
+        old_lp   <- learner forward before the update, when needed  (learner_logprobs)
         weights  <- off-policy correction from behaviour vs old_lp
         values   <- critic forward, if gae                       (critic_values)
         adv      <- advantage estimator(rewards, KL, values, ReMax baseline)
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from rlsys.algorithms.names import NEEDS_GREEDY_BASELINE
-from rlsys.algorithms.objectives import ValueObjective
+from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
 from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint import CheckpointStore, step_of
@@ -228,9 +228,11 @@ class Controller(Recoverable, Elastic):
             if kept:
                 batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
                 metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
-                with timer("learner_logprobs"):
-                    batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
-                metrics.update(self.recipe.off_policy_weights(batch))
+                metrics["perf/padding_frac"] = float(1.0 - batch.attention_mask.mean())
+                if self._needs_old_logprobs(batch):
+                    with timer("learner_logprobs"):
+                        batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
+                    metrics.update(self.recipe.off_policy_weights(batch))
                 token_kl = self.recipe.token_kl(batch) if batch.ref_logprobs is not None else None
                 if self.pools.critic is not None:
                     with timer("critic_values"):
@@ -244,6 +246,17 @@ class Controller(Recoverable, Elastic):
             self.buffer.pause()
         self.buffer.step_done(self.version)
         return self._perf_metrics(metrics, timer, time.perf_counter() - started)
+
+    def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
+        """Whether this update needs a forward pass of its own before training (else the
+        training pass's log-probabilities, detached, serve: see ``needs_old_logprobs``)."""
+        learner = self.cfg.learner
+        return needs_old_logprobs(
+            learner.ppo_epochs,
+            learner.num_mini_batches,
+            self.cfg.algorithm.off_policy,
+            batch.ref_logprobs is not None,
+        )
 
     def _update(
         self, step: int, batch: TrainBatch, token_kl: np.ndarray | None, timer: StageTimer
@@ -515,10 +528,12 @@ class Controller(Recoverable, Elastic):
             out["train/kl_coef"] = self.recipe.kl_coef
         if not mask.any():
             return out
-        # engine vs learner before the update: numerics, plus policy lag when async
-        out["train/logprob_mismatch"] = float(
-            np.abs(batch.behaviour_logprobs[mask] - batch.old_logprobs[mask]).mean()
-        )
+        # engine vs learner before the update: numerics, plus policy lag when async (the
+        # learner reports it when its training pass gave the old log-probabilities)
+        if batch.old_logprobs is not None:
+            out["train/logprob_mismatch"] = float(
+                np.abs(batch.behaviour_logprobs[mask] - batch.old_logprobs[mask]).mean()
+            )
         out["train/advantage_abs"] = float(np.abs(batch.advantages[mask]).mean())
         if batch.returns is not None:
             out["critic/return_mean"] = float(batch.returns[mask].mean())

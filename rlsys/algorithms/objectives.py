@@ -43,11 +43,30 @@ class Objective(Protocol):
     def __call__(self, out: Tensors, batch: Tensors) -> tuple[torch.Tensor, Tensors]: ...
 
 
+def needs_old_logprobs(epochs: int, num_mini_batches: int, off_policy: str, kl_ref: bool) -> bool:
+    """Whether a policy update needs the learner's log-probabilities before it from a pass of
+    their own (``old_logprobs``).
+
+    With one epoch of one mini-batch, every micro-batch's training forward pass runs at the
+    weights the update starts from, so the "old" log-probabilities are those of that very pass
+    (detached): the loss and gradient are the same, and the separate pass is redundant (as in
+    TRL's GRPOTrainer with one iteration). That holds whatever the rollouts' staleness: the
+    PPO ratio is taken against the proximal policy (the learner's current weights), not the
+    behaviour policy. The pass is needed for several epochs or mini-batches (later optimizer
+    steps start from moved weights), and when the controller uses the log-probabilities
+    before training: an off-policy correction (``algorithm.off_policy``) and the KL to a
+    reference (``kl_ref``).
+    """
+    return epochs > 1 or num_mini_batches > 1 or off_policy != "none" or kl_ref
+
+
 @dataclass(frozen=True)
 class PolicyObjective:
     """A policy loss (PPO clip, GSPO or vanilla PG), weighted per token by the batch's
     ``is_weights`` when an off-policy correction is on, an optional KL-to-reference loss term
-    and an entropy bonus."""
+    and an entropy bonus. The ratio is taken against the batch's ``old_logprobs``, or, when it
+    has none, against this pass's own log-probabilities, detached (one optimizer step per
+    batch: see ``needs_old_logprobs``)."""
 
     policy_loss: str = "ppo_clip"  # one of POLICY_LOSSES
     clip_low: float = 0.2
@@ -67,10 +86,14 @@ class PolicyObjective:
 
     def __call__(self, out: Tensors, batch: Tensors):
         logprobs = out["logprobs"]
+        old = batch.get("old_logprobs")
+        from_this_pass = old is None  # see needs_old_logprobs: at the pre-update weights
+        if from_this_pass:
+            old = logprobs.detach()
         if self.policy_loss == "ppo_clip":
             loss, metrics = ppo_clip_loss(
                 logprobs,
-                batch["old_logprobs"],
+                old,
                 batch["advantages"],
                 self.clip_low,
                 self.clip_high,
@@ -79,7 +102,7 @@ class PolicyObjective:
         elif self.policy_loss == "gspo":
             loss, metrics = gspo_loss(
                 logprobs,
-                batch["old_logprobs"],
+                old,
                 batch["advantages"],
                 batch["loss_mask"],
                 self.clip_low,
@@ -91,6 +114,9 @@ class PolicyObjective:
             raise ValueError(
                 f"algorithm.policy_loss={self.policy_loss!r} is not one of {list(POLICY_LOSSES)}"
             )
+        if from_this_pass and "behaviour_logprobs" in batch:
+            # engine vs learner before the update (the controller's metric when it has them)
+            metrics["logprob_mismatch"] = (batch["behaviour_logprobs"] - old).abs()
         if "is_weights" in batch:  # off-policy correction of the policy-gradient term only
             loss = loss * batch["is_weights"]
         if self.kl_coef > 0:

@@ -29,7 +29,7 @@ from rlsys.backends.schedule import lr_at
 from rlsys.checkpoint import fsync_tree
 from rlsys.config.learner import OptimConfig
 from rlsys.models.loading import load_model
-from rlsys.models.logprobs import greedy_next_tokens, token_logprobs
+from rlsys.models.logprobs import first_scored, greedy_next_tokens, token_logprobs
 from rlsys.models.value import load_score_model, load_value_model, sequence_scores, token_values
 from rlsys.types import TrainBatch
 
@@ -190,7 +190,11 @@ class TrainingBackend(ABC):
         return self._map_rows(
             batch,
             lambda t: token_logprobs(
-                self.model, t["input_ids"], t["attention_mask"], self.temperature
+                self.model,
+                t["input_ids"],
+                t["attention_mask"],
+                self.temperature,
+                first_scored(t["loss_mask"]),
             )[0],
         )
 
@@ -219,7 +223,13 @@ class TrainingBackend(ABC):
         if self.role == "reward":
             return {"scores": sequence_scores(self.model, t["input_ids"], t["attention_mask"])}
         logprobs, entropy = token_logprobs(
-            self.model, t["input_ids"], t["attention_mask"], self.temperature, entropy_grad
+            self.model,
+            t["input_ids"],
+            t["attention_mask"],
+            self.temperature,
+            first_scored(t["loss_mask"]),
+            entropy=True,
+            entropy_grad=entropy_grad,
         )
         return {"logprobs": logprobs, "entropy": entropy}
 

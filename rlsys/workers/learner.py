@@ -8,6 +8,7 @@ import socket
 import numpy as np
 import ray
 
+from rlsys.algorithms.objectives import PolicyObjective, needs_old_logprobs
 from rlsys.config.learner import LearnerConfig
 from rlsys.placement import ActorResources
 from rlsys.types import TrainBatch
@@ -201,13 +202,21 @@ class LearnerGroup:
 
         Mini-batches and epochs default to ``learner.num_mini_batches`` / ``ppo_epochs``.
         """
-        ref = ray.put(batch)
         mini = num_mini_batches or self.cfg.num_mini_batches
+        epochs = epochs or self.cfg.ppo_epochs
+        if (
+            isinstance(objective, PolicyObjective)
+            and batch.old_logprobs is None
+            and needs_old_logprobs(epochs, mini, "none", False)
+        ):
+            raise ValueError(
+                f"a policy update of {epochs} epoch(s) x {mini} mini-batch(es) needs the batch's "
+                "old_logprobs (forward_logprobs before training): only a single optimizer step "
+                "can take them from its own training pass"
+            )
+        ref = ray.put(batch)
         metrics = get_all(
-            [
-                w.train_step.remote(ref, objective, mini, epochs or self.cfg.ppo_epochs, seed)
-                for w in self.workers
-            ]
+            [w.train_step.remote(ref, objective, mini, epochs, seed) for w in self.workers]
         )
         return metrics[0]
 

@@ -42,16 +42,21 @@ class ReferenceWorker:
         """(B, T-1) reference log-probabilities of ``batch``."""
         import torch
 
-        from rlsys.models.logprobs import token_logprobs
+        from rlsys.models.logprobs import first_scored, token_logprobs
 
         chunks = []
         with torch.no_grad():
             for start in range(0, len(batch), self.micro):
+                rows = slice(start, start + self.micro)
                 # torch.tensor copies: arrays from Ray's object store are read-only
-                ids = torch.tensor(batch.input_ids[start : start + self.micro])
-                mask = torch.tensor(batch.attention_mask[start : start + self.micro])
+                ids = torch.tensor(batch.input_ids[rows])
+                mask = torch.tensor(batch.attention_mask[rows])
                 logprobs, _ = token_logprobs(
-                    self.model, ids.to(self.device), mask.to(self.device), self.temperature
+                    self.model,
+                    ids.to(self.device),
+                    mask.to(self.device),
+                    self.temperature,
+                    first_scored(torch.from_numpy(batch.loss_mask[rows])),
                 )
                 chunks.append(logprobs.cpu().numpy())
         return np.concatenate(chunks)

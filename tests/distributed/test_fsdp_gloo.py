@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -31,7 +33,11 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes):
         )
         forward = backend.forward_logprobs if role == "policy" else backend.forward_values
         rows, logprobs = forward(batch)
-        metrics = backend.train_step(batch, objective, num_mini_batches=2, epochs=1, seed=0)
+        case_batch, mini = batch, 2
+        if case in SINGLE_STEP:  # one optimizer step: old logprobs from a pass, or from none
+            case_batch, mini = dataclasses.replace(batch), 1
+            case_batch.old_logprobs = logprobs if case == "ppo_pass" else None
+        metrics = backend.train_step(case_batch, objective, num_mini_batches=mini, epochs=1, seed=0)
         buckets = list(backend.iter_weight_buckets(bucket_bytes))
         state = {k: v for b in buckets for k, v in b.items()}
         out[case] = {
@@ -60,7 +66,12 @@ OBJECTIVES = {
     "gspo": (PolicyObjective("gspo", 3e-4, 4e-4, loss_agg="seq_mean_token_mean"), "policy"),
     "dr_grpo": (PolicyObjective(loss_agg="seq_sum_norm", loss_agg_norm=8.0), "policy"),
     "critic": (ValueObjective(clip=0.2), "value"),
+    # one optimizer step on the batch, its old logprobs from the forward pass before it
+    # (ppo_pass; on one rank, which holds every row) or from the training pass (ppo_fused)
+    "ppo_pass": (PolicyObjective(dual_clip=3.0), "policy"),
+    "ppo_fused": (PolicyObjective(dual_clip=3.0), "policy"),
 }
+SINGLE_STEP = ("ppo_pass", "ppo_fused")
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +79,12 @@ def trained(tiny_model_dir, tmp_path_factory) -> tuple[list[dict], list[dict]]:
     """Every case trained on 1 rank and on 2 ranks: what each rank returned."""
     tmp = tmp_path_factory.mktemp("fsdp")
     one = run_ranks(_train, 1, tmp / "ws1", tiny_model_dir, list(OBJECTIVES), 1 << 30)
-    two = run_ranks(_train, 2, tmp / "ws2", tiny_model_dir, list(OBJECTIVES), 1 << 30)
+    two_ranks = [c for c in OBJECTIVES if c != "ppo_pass"]
+    two = run_ranks(_train, 2, tmp / "ws2", tiny_model_dir, two_ranks, 1 << 30)
     return one, two
 
 
-@pytest.mark.parametrize("case", list(OBJECTIVES))
+@pytest.mark.parametrize("case", [c for c in OBJECTIVES if c != "ppo_pass"])
 def test_two_ranks_train_exactly_like_one(tiny_model_dir, trained, case):
     """Every loss aggregation (token mean, sequence means, constant normaliser) and the critic
     give one process's loss, gradient and update when sharded over 2 ranks."""
@@ -111,3 +123,19 @@ def test_weight_buckets_respect_the_size_limit_and_send_tied_weights_once(tmp_pa
     assert all(size <= max(limit, out["biggest"]) for size in out["sizes"])
     # tied embeddings are sent once
     assert "lm_head.weight" not in out["state"] and "model.embed_tokens.weight" in out["state"]
+
+
+def test_one_step_takes_its_old_logprobs_from_the_training_pass(tiny_model_dir, trained):
+    """With one optimizer step per batch the separate pre-update pass is redundant: the update
+    without it (old logprobs = the training pass's, detached) has the same loss, gradient and
+    weights, and reports the engine/learner mismatch the controller computes from the pass."""
+    with_pass, fused = trained[0][0]["ppo_pass"], trained[0][0]["ppo_fused"]
+    for key in ("loss", "grad_norm", "trained_tokens", "clip_frac"):
+        assert fused["metrics"][key] == pytest.approx(with_pass["metrics"][key], rel=1e-5, abs=1e-7)
+    assert "logprob_mismatch" not in with_pass["metrics"]
+    batch = toy_batch(tiny_model_dir)
+    mask = batch.loss_mask > 0
+    mismatch = np.abs(batch.behaviour_logprobs - with_pass["logprobs"])[mask].mean()
+    assert fused["metrics"]["logprob_mismatch"] == pytest.approx(mismatch, rel=1e-5)
+    for name, tensor in with_pass["state"].items():
+        torch.testing.assert_close(fused["state"][name], tensor, atol=1e-6, rtol=1e-5, msg=name)

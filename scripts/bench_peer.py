@@ -1,0 +1,314 @@
+"""rlsys against TRL's GRPOTrainer at matched workloads, interleaved, on this machine.
+
+    python scripts/bench_peer.py [--workloads tiny,smollm2] [--pairs 2] [--steps 4]
+                                 [--warmup 1] [--async-row] [--json out.json]
+                                 [--rlsys key=value ...]
+
+Each pair runs both systems once, one after the other (the order alternates between pairs, so
+drift on a shared machine falls on both), as separate processes from the same model files and
+the same prompts. A run's figure is its median seconds per step after ``--warmup`` steps;
+samples/s is prompts x samples over that. The ratio is rlsys samples/s over TRL's, per pair,
+and its median over pairs is the result. The load average before each run is recorded: on
+2 cores, a load above 2 means something else took a core and the pair is noisy.
+
+The peer lives in its own venv, made once under the rlsys cache (``peer/trl-<version>``):
+the CPU build of torch at rlsys's pinned version (scripts/setup_torch.sh), then
+``trl==1.16.0 transformers==5.23.0 accelerate==1.15.0 datasets==5.2.0``, about 3 minutes.
+``--peer-venv DIR`` puts it elsewhere.
+
+Matched on both sides: the model weights (rlsys's cached Hugging Face directory, float32),
+the prompts (rendered by rlsys: the chat template applied for chat tasks; TRL gets the text),
+prompts per step, samples per prompt, max new tokens, temperature 1, one optimizer step per
+batch (``learner.ppo_epochs=1``, ``num_iterations=1``), no KL term, no reference model,
+learning rate, every group trained (rlsys ``algorithm.filter_uniform_groups=false``), the
+CPU threads (rlsys: its default placement over the machine's cores; TRL: one process with
+all of them).
+
+Different, and why: the reward. rlsys scores with its task's verifier; TRL's runner
+(scripts/peer/trl_grpo.py) checks the reply's last number with a regex, because rlsys is not
+installed in the peer's venv. Rewards change no per-step work except through completion
+lengths, which both sides record (``completion_tokens``). rlsys's steps include its weight
+sync to the engines (TRL generates with the model it trains); rlsys's own evaluation is off
+(``trainer.eval_every=0``) and the final evaluation's seconds are subtracted. The loss
+aggregation is each side's default (rlsys token mean, TRL ``dapo``): the same token-level
+work. ``--async-row`` adds rlsys with ``buffer.max_staleness=1`` (one-step-off generation),
+labelled as such: TRL's GRPOTrainer is synchronous.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_PINS = ["trl==1.16.0", "transformers==5.23.0", "accelerate==1.15.0", "datasets==5.2.0"]
+LR = 1e-6  # small: the policy barely moves, so both sides see like completion lengths
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str  # conf/model preset
+    task: str  # conf/task preset
+    prompts: int
+    samples: int
+    new_tokens: int
+    rlsys: list[str] = field(default_factory=list)  # rlsys overrides of this workload
+
+
+WORKLOADS = {
+    "tiny": Workload("tiny-3m", "arithmetic", 8, 8, 8),
+    "smollm2": Workload("smollm2-135m", "arithmetic_chat", 4, 8, 16),
+}
+
+
+def _torch_version() -> str:
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.split("==")[1].strip()
+    raise SystemExit("bench_peer: constraints.txt pins no torch version")
+
+
+def peer_python(venv: Path) -> Path:
+    """The peer venv's interpreter, making the venv first if it is missing or stale."""
+    python = venv / "bin" / "python"
+    stamp = venv / ".rlsys-peer"
+    key = " ".join([f"torch=={_torch_version()}", *PEER_PINS])
+    if stamp.exists() and stamp.read_text() == key:
+        return python
+    print(f"bench_peer: creating the peer venv {venv} ({key}); about 3 minutes", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
+    subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup_torch.sh"), _torch_version()], check=True, env=env
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
+        pins.write(f"torch=={_torch_version()}\n")
+    try:
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "-c", pins.name, *PEER_PINS],
+            check=True,
+            env=env,
+        )
+    finally:
+        os.unlink(pins.name)
+    stamp.write_text(key)
+    return python
+
+
+def _prompts(work: Workload, count: int) -> tuple[str, bool, list[str], list[str]]:
+    """The model directory, whether it has the built-in char tokenizer, and ``count`` training
+    prompts rendered as rlsys sends them, with their answers."""
+    from rlsys.collector import RolloutCollector
+    from rlsys.config.loader import load_config
+    from rlsys.data.tasks import load_task
+    from rlsys.models.builtin import saved_char_tokenizer
+    from rlsys.models.loading import load_tokenizer, resolve_model_path
+
+    cfg = load_config([f"model={work.model}", f"task={work.task}"])
+    path = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(path)
+    task = load_task(cfg.task, cfg.run.seed)
+    render = RolloutCollector.for_task(None, tokenizer, cfg.task, cfg.reward).prompt_format
+    chosen = task.train[:count]
+    texts = [render.render(p.text, tokenizer) for p in chosen]
+    return path, saved_char_tokenizer(path), texts, [p.answer for p in chosen]
+
+
+def _steady(seconds: list[float], warmup: int) -> float:
+    kept = seconds[warmup:]
+    if not kept:
+        raise SystemExit(f"bench_peer: no steps left after {warmup} warm-up steps")
+    return statistics.median(kept)
+
+
+def run_rlsys(work: Workload, steps: int, warmup: int, extra: list[str], tmp: Path) -> dict:
+    """One ``rlsys train`` process; per-step seconds from its metrics."""
+    out = tmp / f"rlsys-{time.monotonic_ns()}"
+    overrides = [
+        f"model={work.model}",
+        f"task={work.task}",
+        "warm_start.enabled=false",
+        f"data.batch_size={work.prompts}",
+        f"rollout.n_samples={work.samples}",
+        f"task.max_new_tokens={work.new_tokens}",
+        "rollout.temperature=1.0",
+        "learner.ppo_epochs=1",
+        "learner.num_mini_batches=1",
+        "algorithm.kl_coef=0.0",
+        "algorithm.filter_uniform_groups=false",
+        f"learner.optim.lr={LR}",
+        "learner.optim.warmup_steps=0",
+        f"trainer.total_steps={steps}",
+        "trainer.eval_every=0",
+        "eval.num_prompts=4",
+        "checkpoint.every=0",
+        f"run.output_dir={out}",
+        "run.name=bench",
+        *work.rlsys,
+        *extra,
+    ]
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "rlsys.cli", "train", *overrides],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"bench_peer: rlsys train failed:\n{result.stderr[-3000:]}")
+    records = [
+        json.loads(line)
+        for line in (out / "bench" / "metrics.jsonl").read_text().splitlines()
+        if "perf/step_s" in line
+    ]
+    seconds = [r["perf/step_s"] - r.get("time/eval", 0.0) for r in records]
+    tokens = [r.get("rollout/response_tokens", 0.0) for r in records[warmup:]]
+    return {
+        "s_per_step": _steady(seconds, warmup),
+        "step_s": seconds,
+        "completion_tokens": statistics.mean(tokens) if tokens else 0.0,
+        "wall_s": wall,
+    }
+
+
+def run_trl(python: Path, spec: dict, warmup: int, tmp: Path) -> dict:
+    """One TRL GRPOTrainer process (scripts/peer/trl_grpo.py)."""
+    spec_path = tmp / f"spec-{time.monotonic_ns()}.json"
+    out_path = spec_path.with_suffix(".out.json")
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    started = time.perf_counter()
+    result = subprocess.run(
+        [str(python), str(ROOT / "scripts" / "peer" / "trl_grpo.py"), spec_path, out_path],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"bench_peer: the TRL run failed:\n{result.stderr[-3000:]}")
+    report = json.loads(out_path.read_text())
+    seconds = [s["s"] for s in report["steps"]]
+    tokens = [s.get("completion_tokens", 0.0) for s in report["steps"][warmup:]]
+    return {
+        "s_per_step": _steady(seconds, warmup),
+        "step_s": seconds,
+        "completion_tokens": statistics.mean(tokens) if tokens else 0.0,
+        "wall_s": wall,
+        "trl": report["trl"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workloads", default="tiny,smollm2")
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4, help="steps per run, warm-up included")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--async-row", action="store_true", help="add buffer.max_staleness=1")
+    parser.add_argument("--peer-venv", type=Path)
+    parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--rlsys", nargs="*", default=[], help="extra rlsys overrides")
+    args = parser.parse_args()
+    names = [n for n in args.workloads.split(",") if n]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {unknown}; known: {sorted(WORKLOADS)}")
+    if args.steps <= args.warmup:
+        parser.error("--steps must exceed --warmup")
+
+    from rlsys.bench_runs import write_records
+    from rlsys.cache import cache_dir
+
+    venv = args.peer_venv or cache_dir() / "peer" / PEER_PINS[0].replace("==", "-")
+    python = peer_python(venv)
+    records = []
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        for name in names:
+            work = WORKLOADS[name]
+            path, char, prompts, answers = _prompts(work, 512)
+            spec = {
+                "model_dir": path,
+                "char_tokenizer": char,
+                "prompts": prompts,
+                "answers": answers,
+                "prompts_per_step": work.prompts,
+                "n_samples": work.samples,
+                "max_new_tokens": work.new_tokens,
+                "steps": args.steps,
+                "lr": LR,
+                "temperature": 1.0,
+                "seed": 0,
+                "threads": os.cpu_count() or 1,
+            }
+            systems = {
+                "trl": lambda spec=spec: run_trl(python, spec, args.warmup, tmp),
+                "rlsys": lambda work=work: run_rlsys(
+                    work, args.steps, args.warmup, args.rlsys, tmp
+                ),
+            }
+            if args.async_row:
+                systems["rlsys_async1"] = lambda work=work: run_rlsys(
+                    work, args.steps, args.warmup, [*args.rlsys, "buffer.max_staleness=1"], tmp
+                )
+            for pair in range(args.pairs):
+                order = list(systems) if pair % 2 == 0 else list(reversed(systems))
+                for system in order:
+                    load = os.getloadavg()[0]
+                    result = systems[system]()
+                    samples = work.prompts * work.samples
+                    record = {
+                        "workload": name,
+                        "system": system,
+                        "pair": pair,
+                        "load_before": round(load, 2),
+                        "samples_per_s": samples / result["s_per_step"],
+                        **result,
+                    }
+                    records.append(record)
+                    print(
+                        f"{name:8s} pair {pair} {system:13s} {result['s_per_step']:7.3f} s/step "
+                        f"{record['samples_per_s']:7.1f} samples/s  "
+                        f"{result['completion_tokens']:5.1f} tokens  load {load:.2f}",
+                        flush=True,
+                    )
+    print(_table(records, names))
+    if args.json_path:
+        write_records(args.json_path, records)
+    return 0
+
+
+def _table(records: list[dict], names: list[str]) -> str:
+    rows = [
+        "| workload | system | s/step (median of pairs) | samples/s | ratio to TRL "
+        "(median of pairs) | pair ratios |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        mine = [r for r in records if r["workload"] == name]
+        trl = {r["pair"]: r["samples_per_s"] for r in mine if r["system"] == "trl"}
+        for system in dict.fromkeys(r["system"] for r in mine):
+            runs = [r for r in mine if r["system"] == system]
+            ratios = [r["samples_per_s"] / trl[r["pair"]] for r in runs]
+            rows.append(
+                f"| {name} | {system} | {statistics.median(r['s_per_step'] for r in runs):.3f} "
+                f"| {statistics.median(r['samples_per_s'] for r in runs):.1f} "
+                f"| {statistics.median(ratios):.2f} | {', '.join(f'{x:.2f}' for x in ratios)} |"
+            )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
