@@ -155,29 +155,15 @@ def run_rlsys(work: Workload, steps: int, warmup: int, extra: list[str], tmp: Pa
         *work.rlsys,
         *extra,
     ]
-    started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-m", "rlsys.cli", "train", *overrides],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    wall = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"bench_peer: rlsys train failed:\n{result.stderr[-3000:]}")
+    wall = _timed("rlsys train", [sys.executable, "-m", "rlsys.cli", "train", *overrides])
     records = [
         json.loads(line)
         for line in (out / "bench" / "metrics.jsonl").read_text().splitlines()
         if "perf/step_s" in line
     ]
     seconds = [r["perf/step_s"] - r.get("time/eval", 0.0) for r in records]
-    tokens = [r.get("rollout/response_tokens", 0.0) for r in records[warmup:]]
-    return {
-        "s_per_step": _steady(seconds, warmup),
-        "step_s": seconds,
-        "completion_tokens": statistics.mean(tokens) if tokens else 0.0,
-        "wall_s": wall,
-    }
+    tokens = [r.get("rollout/response_tokens", 0.0) for r in records]
+    return _figures(seconds, tokens, warmup, wall)
 
 
 def run_trl(python: Path, spec: dict, warmup: int, tmp: Path) -> dict:
@@ -186,25 +172,32 @@ def run_trl(python: Path, spec: dict, warmup: int, tmp: Path) -> dict:
     out_path = spec_path.with_suffix(".out.json")
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    started = time.perf_counter()
-    result = subprocess.run(
-        [str(python), str(ROOT / "scripts" / "peer" / "trl_grpo.py"), spec_path, out_path],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    wall = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"bench_peer: the TRL run failed:\n{result.stderr[-3000:]}")
+    runner = [str(python), str(ROOT / "scripts" / "peer" / "trl_grpo.py"), spec_path, out_path]
+    wall = _timed("the TRL run", runner, env=env)
     report = json.loads(out_path.read_text())
     seconds = [s["s"] for s in report["steps"]]
-    tokens = [s.get("completion_tokens", 0.0) for s in report["steps"][warmup:]]
+    tokens = [s.get("completion_tokens", 0.0) for s in report["steps"]]
+    return {**_figures(seconds, tokens, warmup, wall), "trl": report["trl"]}
+
+
+def _timed(what: str, argv: list, **kwargs) -> float:
+    """Run ``argv`` from the repository root; its wall seconds, or exit with its stderr."""
+    started = time.perf_counter()
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, **kwargs)
+    if result.returncode != 0:
+        raise SystemExit(f"bench_peer: {what} failed:\n{result.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def _figures(seconds: list[float], tokens: list[float], warmup: int, wall: float) -> dict:
+    """A run's record: median seconds per step after ``warmup``, every step's seconds, the
+    mean completion tokens after ``warmup``, the process's wall time."""
+    kept = tokens[warmup:]
     return {
         "s_per_step": _steady(seconds, warmup),
         "step_s": seconds,
-        "completion_tokens": statistics.mean(tokens) if tokens else 0.0,
+        "completion_tokens": statistics.mean(kept) if kept else 0.0,
         "wall_s": wall,
-        "trl": report["trl"],
     }
 
 
