@@ -61,17 +61,21 @@ def resolve_model_path(cfg: ModelConfig) -> str:
     return os.path.expanduser(cfg.path)
 
 
+def saved_tokenizer(path: str):
+    """The tokenizer saved at ``path``, as saved. The built-in char tokenizer is built
+    directly: AutoTokenizer would load it as the model type's tokenizer class (Qwen2's), whose
+    byte-level pre-tokenizer drops spaces, and importing AutoTokenizer costs seconds of every
+    run's start."""
+    if saved_char_tokenizer(path):
+        return build_char_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
 def load_tokenizer(path: str):
     """The tokenizer at ``path``, left-padding, with a pad token."""
-    if saved_char_tokenizer(path):
-        # Built directly: AutoTokenizer would load it as the model type's tokenizer class
-        # (Qwen2's), whose byte-level pre-tokenizer drops spaces, and importing AutoTokenizer
-        # costs seconds of every run's start.
-        tokenizer = build_char_tokenizer()
-    else:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = saved_tokenizer(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -38,8 +38,9 @@ def _logits(
 
 
 def _row_chunks(logits: torch.Tensor) -> int:
-    per_row = max(logits[0].numel() * 4, 1) if len(logits) else 1
-    return max(1, CHUNK_BYTES // per_row)
+    """Rows per chunk: as many as fit ``CHUNK_BYTES``, at least one."""
+    per_row = logits[0].numel() * logits.element_size() if len(logits) else 0
+    return max(1, CHUNK_BYTES // max(per_row, 1))
 
 
 def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:

@@ -105,15 +105,12 @@ def load_reward_model(path: str, dtype: str = "float32"):
     truncation from the left so the completion's end is kept; raises
     ``RewardModelLoadError`` for a path that is not a sequence-classification model."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
 
-    from rlsys.models.builtin import build_char_tokenizer, saved_char_tokenizer
+    from rlsys.models.loading import saved_tokenizer
 
     try:
-        if saved_char_tokenizer(path):  # see rlsys.models.loading.load_tokenizer
-            tokenizer = build_char_tokenizer()
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = saved_tokenizer(path)
         model, info = AutoModelForSequenceClassification.from_pretrained(
             path, dtype=getattr(torch, dtype), output_loading_info=True
         )
