@@ -1,8 +1,8 @@
 """rlsys against TRL's GRPOTrainer at matched workloads, interleaved, on this machine.
 
-    python scripts/bench_peer.py [--workloads tiny,smollm2] [--pairs 2] [--steps 4]
-                                 [--warmup 1] [--async-row] [--json out.json]
-                                 [--rlsys key=value ...]
+    python scripts/bench_peer.py [--workloads tiny,smollm2] [--precision fp32,bf16]
+                                 [--pairs 2] [--steps 4] [--warmup 1] [--async-row]
+                                 [--json out.json] [--rlsys key=value ...]
 
 Each pair runs both systems once, one after the other (the order alternates between pairs, so
 drift on a shared machine falls on both), as separate processes from the same model files and
@@ -22,7 +22,12 @@ prompts per step, samples per prompt, max new tokens, temperature 1, one optimiz
 batch (``learner.ppo_epochs=1``, ``num_iterations=1``), no KL term, no reference model,
 learning rate, every group trained (rlsys ``algorithm.filter_uniform_groups=false``), the
 CPU threads (rlsys: its default placement over the machine's cores; TRL: one process with
-all of them).
+all of them), the precision (``--precision``): ``fp32`` everywhere, or ``bf16`` mixed precision
+on both sides (fp32 weights and optimizer state, forward passes in bf16: rlsys
+``learner.mixed_precision=bfloat16`` with its engine's weights in bf16, ``rollout.dtype``;
+TRL ``bf16=True``, accelerate's autocast around every forward pass, generation included).
+Each workload's rlsys overrides (``Workload.rlsys``: one learner rank with every core, which
+beats two one-core ranks on 2 cores) are listed with it below.
 
 Different, and why: the reward. rlsys scores with its task's verifier; TRL's runner
 (scripts/peer/trl_grpo.py) checks the reply's last number with a regex, because rlsys is not
@@ -31,8 +36,9 @@ lengths, which both sides record (``completion_tokens``). rlsys's steps include 
 sync to the engines (TRL generates with the model it trains); rlsys's own evaluation is off
 (``trainer.eval_every=0``) and the final evaluation's seconds are subtracted. The loss
 aggregation is each side's default (rlsys token mean, TRL ``dapo``): the same token-level
-work. ``--async-row`` adds rlsys with ``buffer.max_staleness=1`` (one-step-off generation),
-labelled as such: TRL's GRPOTrainer is synchronous.
+work. ``--async-row`` adds rlsys with ``buffer.max_staleness=1`` (one-step-off generation; the
+learner and the engine then run at once, so each gets half the cores: ``ASYNC``), labelled
+as such: TRL's GRPOTrainer is synchronous.
 """
 
 from __future__ import annotations
@@ -63,9 +69,28 @@ class Workload:
     rlsys: list[str] = field(default_factory=list)  # rlsys overrides of this workload
 
 
+CPUS = os.cpu_count() or 1
+# synchronous: the learner and the engine take turns, each with every core
+ONE_RANK = [
+    "learner.world_size=1",
+    f"learner.num_cpus_per_rank={CPUS}",
+    f"rollout.num_cpus_per_worker={CPUS}",
+    "learner.micro_batch_size=64",
+]
+# one-step-off: the learner and the engine run at once, so they split the cores
+ASYNC = [
+    "buffer.max_staleness=1",
+    f"learner.num_cpus_per_rank={max(1, CPUS // 2)}",
+    f"rollout.num_cpus_per_worker={max(1, CPUS - CPUS // 2)}",
+]
 WORKLOADS = {
-    "tiny": Workload("tiny-3m", "arithmetic", 8, 8, 8),
-    "smollm2": Workload("smollm2-135m", "arithmetic_chat", 4, 8, 16),
+    "tiny": Workload("tiny-3m", "arithmetic", 8, 8, 8, ONE_RANK),
+    "smollm2": Workload("smollm2-135m", "arithmetic_chat", 4, 8, 16, ONE_RANK),
+}
+# rlsys overrides and TRL's bf16 flag per --precision value
+PRECISIONS = {
+    "fp32": ([], False),
+    "bf16": (["learner.mixed_precision=bfloat16", "rollout.dtype=bfloat16"], True),
 }
 
 
@@ -206,6 +231,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--workloads", default="tiny,smollm2")
+    parser.add_argument("--precision", default="fp32", help="comma list: fp32, bf16")
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4, help="steps per run, warm-up included")
     parser.add_argument("--warmup", type=int, default=1)
@@ -218,6 +244,9 @@ def main() -> int:
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         parser.error(f"--workloads: unknown {unknown}; known: {sorted(WORKLOADS)}")
+    precisions = [p for p in args.precision.split(",") if p]
+    if not precisions or any(p not in PRECISIONS for p in precisions):
+        parser.error(f"--precision {args.precision!r}: pick from {sorted(PRECISIONS)}")
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
 
@@ -232,71 +261,83 @@ def main() -> int:
         for name in names:
             work = WORKLOADS[name]
             path, char, prompts, answers = _prompts(work, 512)
-            spec = {
-                "model_dir": path,
-                "char_tokenizer": char,
-                "prompts": prompts,
-                "answers": answers,
-                "prompts_per_step": work.prompts,
-                "n_samples": work.samples,
-                "max_new_tokens": work.new_tokens,
-                "steps": args.steps,
-                "lr": LR,
-                "temperature": 1.0,
-                "seed": 0,
-                "threads": os.cpu_count() or 1,
-            }
-            systems = {
-                "trl": lambda spec=spec: run_trl(python, spec, args.warmup, tmp),
-                "rlsys": lambda work=work: run_rlsys(
-                    work, args.steps, args.warmup, args.rlsys, tmp
-                ),
-            }
-            if args.async_row:
-                systems["rlsys_async1"] = lambda work=work: run_rlsys(
-                    work, args.steps, args.warmup, [*args.rlsys, "buffer.max_staleness=1"], tmp
-                )
-            for pair in range(args.pairs):
-                order = list(systems) if pair % 2 == 0 else list(reversed(systems))
-                for system in order:
-                    load = os.getloadavg()[0]
-                    result = systems[system]()
-                    samples = work.prompts * work.samples
-                    record = {
-                        "workload": name,
-                        "system": system,
-                        "pair": pair,
-                        "load_before": round(load, 2),
-                        "samples_per_s": samples / result["s_per_step"],
-                        **result,
-                    }
-                    records.append(record)
-                    print(
-                        f"{name:8s} pair {pair} {system:13s} {result['s_per_step']:7.3f} s/step "
-                        f"{record['samples_per_s']:7.1f} samples/s  "
-                        f"{result['completion_tokens']:5.1f} tokens  load {load:.2f}",
-                        flush=True,
+            for precision in precisions:
+                extra, bf16 = PRECISIONS[precision]
+                extra = [*extra, *args.rlsys]
+                spec = {
+                    "model_dir": path,
+                    "char_tokenizer": char,
+                    "prompts": prompts,
+                    "answers": answers,
+                    "prompts_per_step": work.prompts,
+                    "n_samples": work.samples,
+                    "max_new_tokens": work.new_tokens,
+                    "steps": args.steps,
+                    "lr": LR,
+                    "temperature": 1.0,
+                    "seed": 0,
+                    "threads": os.cpu_count() or 1,
+                    "bf16": bf16,
+                }
+                systems = {
+                    "trl": lambda spec=spec: run_trl(python, spec, args.warmup, tmp),
+                    "rlsys": lambda work=work, extra=extra: run_rlsys(
+                        work, args.steps, args.warmup, extra, tmp
+                    ),
+                }
+                if args.async_row:
+                    systems["rlsys_async1"] = lambda work=work, extra=extra: run_rlsys(
+                        work, args.steps, args.warmup, [*extra, *ASYNC], tmp
                     )
-    print(_table(records, names))
+                records += _pairs(name, precision, work, systems, args.pairs)
+    print(_table(records))
     if args.json_path:
         write_records(args.json_path, records)
     return 0
 
 
-def _table(records: list[dict], names: list[str]) -> str:
+def _pairs(name: str, precision: str, work: Workload, systems: dict, pairs: int) -> list[dict]:
+    """Run every system ``pairs`` times, alternating the order; a record per run."""
+    records = []
+    for pair in range(pairs):
+        order = list(systems) if pair % 2 == 0 else list(reversed(systems))
+        for system in order:
+            load = os.getloadavg()[0]
+            result = systems[system]()
+            record = {
+                "workload": name,
+                "precision": precision,
+                "system": system,
+                "pair": pair,
+                "load_before": round(load, 2),
+                "samples_per_s": work.prompts * work.samples / result["s_per_step"],
+                **result,
+            }
+            records.append(record)
+            print(
+                f"{name:8s} {precision} pair {pair} {system:13s} "
+                f"{result['s_per_step']:7.3f} s/step {record['samples_per_s']:7.1f} samples/s  "
+                f"{result['completion_tokens']:5.1f} tokens  load {load:.2f}",
+                flush=True,
+            )
+    return records
+
+
+def _table(records: list[dict]) -> str:
     rows = [
-        "| workload | system | s/step (median of pairs) | samples/s | ratio to TRL "
+        "| workload | precision | system | s/step (median of pairs) | samples/s | ratio to TRL "
         "(median of pairs) | pair ratios |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
-    for name in names:
-        mine = [r for r in records if r["workload"] == name]
+    for name, precision in dict.fromkeys((r["workload"], r["precision"]) for r in records):
+        mine = [r for r in records if (r["workload"], r["precision"]) == (name, precision)]
         trl = {r["pair"]: r["samples_per_s"] for r in mine if r["system"] == "trl"}
         for system in dict.fromkeys(r["system"] for r in mine):
             runs = [r for r in mine if r["system"] == system]
             ratios = [r["samples_per_s"] / trl[r["pair"]] for r in runs]
             rows.append(
-                f"| {name} | {system} | {statistics.median(r['s_per_step'] for r in runs):.3f} "
+                f"| {name} | {precision} | {system} "
+                f"| {statistics.median(r['s_per_step'] for r in runs):.3f} "
                 f"| {statistics.median(r['samples_per_s'] for r in runs):.1f} "
                 f"| {statistics.median(ratios):.2f} | {', '.join(f'{x:.2f}' for x in ratios)} |"
             )

@@ -20,21 +20,11 @@ def build_backend(
     role: str = "policy",
 ) -> TrainingBackend:
     """This rank's backend as ``cfg.backend`` names it (after ``init_process_group``)."""
+    common = (model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role)
     if cfg.backend == "deepspeed":
         from rlsys.backends.deepspeed import DeepSpeedBackend
 
-        return DeepSpeedBackend(
-            model_path,
-            dtype,
-            cfg.optim,
-            cfg.micro_batch_size,
-            temperature,
-            device,
-            role,
-            zero=cfg.deepspeed,
-        )
+        return DeepSpeedBackend(*common, cfg.mixed_precision, zero=cfg.deepspeed)
     from rlsys.backends.fsdp import FSDP2Backend
 
-    return FSDP2Backend(
-        model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role
-    )
+    return FSDP2Backend(*common, cfg.mixed_precision)

@@ -9,6 +9,7 @@ Every public method is collective: all ranks call it with the same batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from abc import ABC, abstractmethod
@@ -28,6 +29,7 @@ from rlsys.backends.data_parallel import forward_plan, train_plan
 from rlsys.backends.schedule import lr_at
 from rlsys.checkpoint import fsync_tree
 from rlsys.config.learner import OptimConfig
+from rlsys.models.attention import use_fp32_attention
 from rlsys.models.loading import load_model
 from rlsys.models.logprobs import first_scored, greedy_next_tokens, token_logprobs
 from rlsys.models.value import load_score_model, load_value_model, sequence_scores, token_values
@@ -70,6 +72,7 @@ class TrainingBackend(ABC):
         temperature: float,
         device: torch.device,
         role: str = "policy",
+        mixed_precision: str | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
@@ -80,6 +83,7 @@ class TrainingBackend(ABC):
         self.micro = micro_batch_size
         self.temperature = temperature
         self.device = device
+        self.mixed_precision = mixed_precision
         self.optim_cfg = optim
         self.base_lr = optim.lr
         self.optimizer_steps = 0
@@ -88,9 +92,13 @@ class TrainingBackend(ABC):
         self.last_lr = 0.0  # learning rate of the latest optimizer step
 
     def _load_module(self) -> torch.nn.Module:
-        """The role's model from ``model_path`` in ``dtype``, on the CPU."""
+        """The role's model from ``model_path`` in ``dtype``, on the CPU; with attention in
+        fp32 when a CPU learner computes in bf16 (see rlsys/models/attention.py)."""
         loader = {"policy": load_model, "value": load_value_model, "reward": load_score_model}
-        return loader[self.role](self.model_path, self.dtype)
+        module = loader[self.role](self.model_path, self.dtype)
+        if self.mixed_precision is not None and self.device.type == "cpu":
+            use_fp32_attention(module)
+        return module
 
     # ---- what a backend implements ------------------------------------------------------
 
@@ -155,6 +163,14 @@ class TrainingBackend(ABC):
 
     # ---- forward passes -------------------------------------------------------------------
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """Where forward passes run: under ``torch.autocast`` in ``mixed_precision`` (matmuls
+        and attention in bf16, reductions in fp32; the weights, their gradients and the
+        optimizer state stay in ``dtype``), or as they are when it is None."""
+        if self.mixed_precision is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.mixed_precision))
+
     def _tensors(self, batch: TrainBatch, rows: np.ndarray) -> dict[str, torch.Tensor]:
         dummy = len(rows) == 0  # keep collectives aligned: run row 0 with nothing trained
         rows = np.array([0]) if dummy else rows
@@ -177,7 +193,10 @@ class TrainingBackend(ABC):
         self.model.eval()
         rows_out, chunks = [np.zeros(0, dtype=np.int64)], []
         for rows in forward_plan(len(batch), self.world_size, self.rank, self.micro):
-            out = fn(self._tensors(batch, rows))
+            with self._autocast():
+                out = fn(self._tensors(batch, rows))
+            if out.is_floating_point():
+                out = out.float()  # a bf16 value or score under autocast
             if len(rows):
                 rows_out.append(rows)
                 chunks.append(out.cpu().numpy())
@@ -219,7 +238,8 @@ class TrainingBackend(ABC):
     def _outputs(self, t: dict[str, torch.Tensor], entropy_grad: bool) -> dict[str, torch.Tensor]:
         """What the objective sees for one micro-batch."""
         if self.role == "value":
-            return {"values": token_values(self.model, t["input_ids"], t["attention_mask"])}
+            values = token_values(self.model, t["input_ids"], t["attention_mask"])
+            return {"values": values.float()}
         if self.role == "reward":
             return {"scores": sequence_scores(self.model, t["input_ids"], t["attention_mask"])}
         logprobs, entropy = token_logprobs(
@@ -264,7 +284,8 @@ class TrainingBackend(ABC):
                 self._zero_grad()
                 for i, rows in enumerate(plan.micro_batches):
                     t = self._tensors(batch, rows)
-                    out = self._outputs(t, objective.entropy_grad)
+                    with self._autocast():
+                        out = self._outputs(t, objective.entropy_grad)
                     per_token, metrics = objective(out, t)
                     mask = t["loss_mask"]
                     weights = loss_weights(

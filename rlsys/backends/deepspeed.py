@@ -66,9 +66,12 @@ class DeepSpeedBackend(TrainingBackend):
         temperature: float,
         device: torch.device,
         role: str = "policy",
+        mixed_precision: str | None = None,
         zero: DeepSpeedConfig | None = None,
     ) -> None:
-        super().__init__(model_path, dtype, optim, micro_batch_size, temperature, device, role)
+        super().__init__(
+            model_path, dtype, optim, micro_batch_size, temperature, device, role, mixed_precision
+        )
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(
                 f"model.dtype={dtype} is not supported by the deepspeed backend (no fp16 loss "

@@ -37,6 +37,7 @@ class OptimConfig:
 
 
 BACKENDS = ("fsdp2", "deepspeed")
+MIXED_PRECISION = ("bfloat16",)  # float16 would need loss scaling
 ZERO_STAGES = (2, 3)
 
 
@@ -74,6 +75,10 @@ class LearnerConfig:
     num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
     ppo_epochs: int = 2  # passes over the batch
     micro_batch_size: int = 128  # sequences per forward/backward on one rank
+    # Forward passes under torch.autocast in this dtype ("bfloat16"): matmuls and attention in
+    # bf16, the weights, gradients and AdamW state in model.dtype (fp32 master weights). Pays
+    # where the hardware has bf16 matmul units (GPUs; CPUs with AMX). null: all in model.dtype.
+    mixed_precision: str | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)  # see OptimConfig
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)  # backend=deepspeed
 
@@ -89,6 +94,8 @@ class LearnerConfig:
         positive(f"{prefix}.num_mini_batches", self.num_mini_batches)
         positive(f"{prefix}.ppo_epochs", self.ppo_epochs)
         positive(f"{prefix}.micro_batch_size", self.micro_batch_size)
+        if self.mixed_precision is not None:
+            one_of(f"{prefix}.mixed_precision", self.mixed_precision, MIXED_PRECISION)
         self.optim.check(f"{prefix}.optim")
         self.deepspeed.check(f"{prefix}.deepspeed")
 

@@ -529,6 +529,12 @@ class TrainConfig:
                     f"{key}.backend=deepspeed with model.dtype=float16 is not supported (fp16 "
                     "needs loss scaling); use model.dtype=bfloat16 or float32"
                 )
+            if group.mixed_precision is not None and self.model.dtype != "float32":
+                raise ConfigError(
+                    f"{key}.mixed_precision={group.mixed_precision} needs fp32 master weights, "
+                    f"but model.dtype={self.model.dtype}; set model.dtype=float32 or "
+                    f"{key}.mixed_precision=null"
+                )
         samples = self.data.batch_size * self.rollout.n_samples
         groups = [("learner", self.learner)]
         if self.algorithm.uses_critic:

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable
 
 import torch
-from transformers import StoppingCriteria
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
 from rlsys.config.schema import RolloutConfig
 from rlsys.models.loading import load_model, load_tokenizer
@@ -22,6 +22,48 @@ class _AbortCriteria(StoppingCriteria):
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+
+
+class _Sampler(LogitsProcessor):
+    """Picks each next token itself and records its behaviour log-probability; ``generate``
+    runs greedy and takes the pick from the scores returned (0 there, -inf elsewhere).
+
+    Sampling inverts the CDF: one uniform per row, searched in the cumulative probabilities.
+    On this 2-core CPU that takes 0.55 ms for 32 rows x 49k vocabulary, where transformers'
+    ``torch.multinomial`` takes 28 ms (29% of SmolLM2's generation time, per token) and the
+    exponential race 28 ms (its ``exponential_`` draws). Scoring here replaces keeping every
+    step's full logits (``output_logits``) to log-softmax them afterwards. The
+    log-probability is of the full distribution at the sampling temperature (before top-p),
+    as the learner computes it."""
+
+    def __init__(self, temperature: float, top_p: float, greedy: bool) -> None:
+        self.temperature = 1.0 if greedy else temperature
+        self.top_p = top_p
+        self.greedy = greedy
+        self.logprobs: list[torch.Tensor] = []  # per step, (B,)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        if self.greedy:
+            chosen = logp.argmax(-1)
+        else:
+            keep = logp if self.top_p >= 1.0 else _top_p(logp, self.top_p)
+            cdf = keep.exp().cumsum(-1)
+            u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
+            chosen = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[1] - 1)
+        self.logprobs.append(logp.gather(-1, chosen[:, None]).squeeze(-1))
+        picked = torch.full_like(scores, float("-inf"))
+        return picked.scatter_(-1, chosen[:, None], 0.0)
+
+
+def _top_p(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``logp`` with -inf outside the smallest set of tokens whose mass reaches ``top_p``
+    (the most likely token always kept)."""
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_logp.exp()
+    sorted_drop = probs.cumsum(-1) - probs >= top_p  # the mass ahead of it already suffices
+    drop = torch.empty_like(sorted_drop).scatter_(-1, order, sorted_drop)
+    return logp.masked_fill(drop, float("-inf"))
 
 
 class HFEngine:
@@ -70,36 +112,27 @@ class HFEngine:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
-        sample_kwargs = (
-            {"do_sample": False}
-            if sampling.greedy
-            else {
-                "do_sample": True,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": 0,
-            }
-        )
+        sampler = _Sampler(sampling.temperature, sampling.top_p, sampling.greedy)
         stop_ids = sorted(self.eos_ids | set(sampling.stop_token_ids))
+        stop_kwargs = {}
         if sampling.stop:
             if self._tokenizer is None:
                 self._tokenizer = load_tokenizer(self.model_path)
-            sample_kwargs.update(stop_strings=list(sampling.stop), tokenizer=self._tokenizer)
+            stop_kwargs = {"stop_strings": list(sampling.stop), "tokenizer": self._tokenizer}
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             max_new_tokens=max(b for _, b in rows),
+            do_sample=False,  # the sampler picks: see _Sampler
             pad_token_id=self.pad_id,
             eos_token_id=stop_ids,
-            output_logits=True,
             return_dict_in_generate=True,
+            logits_processor=LogitsProcessorList([sampler]),
             stopping_criteria=[_AbortCriteria(self._aborting)],
-            **sample_kwargs,
+            **stop_kwargs,
         )
         new_tokens = out.sequences[:, width:].cpu()
-        temperature = 1.0 if sampling.greedy else sampling.temperature
-        logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # (B, R, V)
-        logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        logprobs = torch.stack(sampler.logprobs, dim=1).cpu()[:, : new_tokens.shape[1]]
         aborted = self._aborting.is_set()
         stop_set = set(stop_ids)
         texts = self._stop_string_ends(new_tokens, sampling.stop)

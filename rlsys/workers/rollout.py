@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import ray
@@ -17,7 +18,15 @@ from rlsys.weight_sync.base import SyncAddress, WeightTransport, WeightUpdate
 
 @ray.remote
 class RolloutWorker:
-    """One generation engine in its own process."""
+    """One generation engine in its own process.
+
+    Whatever runs the engine's model (building it, generating, loading weights, sleep and
+    wake) runs on one thread of its own, ``engine``. Ray runs an actor's methods on a pool of
+    threads (abort must get through while generate runs), and every thread that runs torch
+    ops starts an OpenMP team of its own; with more team threads than cores, libgomp stops
+    spinning between parallel regions and decoding's many small ops slow down: SmolLM2's
+    generation took 1.5 s on one thread and 2.1 s on a second one after the first had run
+    torch (this project's 2-core machine)."""
 
     def __init__(
         self, cfg: RolloutConfig, model_path: str, dtype: str, threads: int, num_gpus: float
@@ -26,15 +35,21 @@ class RolloutWorker:
         from rlsys.runtime import limit_threads, pick_device, quiet_libraries
 
         quiet_libraries()
-        self.threads = limit_threads(threads)
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self.threads = self._on_engine_thread(limit_threads, threads)
         self.device = pick_device(num_gpus)
-        self.engine = ENGINES.get(cfg.engine)(model_path, dtype, cfg, self.device)
+        self.engine = self._on_engine_thread(
+            ENGINES.get(cfg.engine), model_path, dtype, cfg, self.device
+        )
         self.transport: WeightTransport | None = None
+
+    def _on_engine_thread(self, fn, *args):
+        return self._engine_thread.submit(fn, *args).result()
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, budgets: list[int] | None = None
     ):
-        return self.engine.generate(prompts, sampling, budgets)
+        return self._on_engine_thread(self.engine.generate, prompts, sampling, budgets)
 
     def connect_weight_sync(
         self, transport: WeightTransport, rank: int, world_size: int, address: SyncAddress
@@ -48,7 +63,9 @@ class RolloutWorker:
 
     def update_weights(self, update: WeightUpdate) -> int:
         """Receive ``update`` and load it; returns the number of tensors loaded."""
-        return self.engine.update_weights(self.transport.receive(update), update.version)
+        return self._on_engine_thread(
+            self.engine.update_weights, self.transport.receive(update), update.version
+        )
 
     def abort(self) -> None:
         """Stop the generation in flight (it returns partial completions)."""
@@ -66,10 +83,10 @@ class RolloutWorker:
         return os.getpid()
 
     def sleep(self) -> None:
-        self.engine.sleep()
+        self._on_engine_thread(self.engine.sleep)
 
     def wake(self) -> None:
-        self.engine.wake()
+        self._on_engine_thread(self.engine.wake)
 
     def close(self) -> None:
         if self.transport is not None:

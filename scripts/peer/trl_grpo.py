@@ -6,7 +6,8 @@ peer's own venv: nothing from rlsys is imported here).
 SPEC: model_dir, char_tokenizer (build the tokenizer from tokenizer.json as rlsys's built-in
 char tokenizer), prompts (rendered text, chat template already applied), answers,
 prompts_per_step, n_samples, max_new_tokens, steps (warm-up included), lr, temperature, seed,
-threads. OUT: per-step seconds and mean completion tokens, as the trainer logged them.
+threads, bf16 (TRL's ``bf16=True``: accelerate's autocast around the model's forward passes,
+fp32 weights). OUT: per-step seconds and mean completion tokens, as the trainer logged them.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def main() -> int:
             report_to="none",
             save_strategy="no",
             use_cpu=True,
-            bf16=False,
+            bf16=spec.get("bf16", False),
             seed=spec["seed"],
             dataloader_num_workers=0,
         )

@@ -30,6 +30,7 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes):
             temperature=1.0,
             device=torch.device("cpu"),
             role=role,
+            mixed_precision="bfloat16" if case == "ppo_bf16" else None,
         )
         forward = backend.forward_logprobs if role == "policy" else backend.forward_values
         rows, logprobs = forward(batch)
@@ -48,6 +49,10 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes):
             "sizes": [sum(t.numel() * t.element_size() for t in b.values()) for b in buckets],
             "biggest": max((t.numel() * t.element_size() for t in state.values()), default=0),
             "n_buckets": len(buckets),
+            "attention": backend.module.config._attn_implementation,
+            "optim_dtypes": {
+                v.dtype for st in backend.optimizer.state.values() for v in st.values()
+            },
         }
     return out
 
@@ -70,8 +75,10 @@ OBJECTIVES = {
     # (ppo_pass; on one rank, which holds every row) or from the training pass (ppo_fused)
     "ppo_pass": (PolicyObjective(dual_clip=3.0), "policy"),
     "ppo_fused": (PolicyObjective(dual_clip=3.0), "policy"),
+    "ppo_bf16": (PolicyObjective(dual_clip=3.0), "policy"),  # learner.mixed_precision=bfloat16
 }
 SINGLE_STEP = ("ppo_pass", "ppo_fused")
+ONE_RANK_ONLY = ("ppo_pass", "ppo_bf16")
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +86,12 @@ def trained(tiny_model_dir, tmp_path_factory) -> tuple[list[dict], list[dict]]:
     """Every case trained on 1 rank and on 2 ranks: what each rank returned."""
     tmp = tmp_path_factory.mktemp("fsdp")
     one = run_ranks(_train, 1, tmp / "ws1", tiny_model_dir, list(OBJECTIVES), 1 << 30)
-    two_ranks = [c for c in OBJECTIVES if c != "ppo_pass"]
+    two_ranks = [c for c in OBJECTIVES if c not in ONE_RANK_ONLY]
     two = run_ranks(_train, 2, tmp / "ws2", tiny_model_dir, two_ranks, 1 << 30)
     return one, two
 
 
-@pytest.mark.parametrize("case", [c for c in OBJECTIVES if c != "ppo_pass"])
+@pytest.mark.parametrize("case", [c for c in OBJECTIVES if c not in ONE_RANK_ONLY])
 def test_two_ranks_train_exactly_like_one(tiny_model_dir, trained, case):
     """Every loss aggregation (token mean, sequence means, constant normaliser) and the critic
     give one process's loss, gradient and update when sharded over 2 ranks."""
@@ -139,3 +146,21 @@ def test_one_step_takes_its_old_logprobs_from_the_training_pass(tiny_model_dir, 
     assert fused["metrics"]["logprob_mismatch"] == pytest.approx(mismatch, rel=1e-5)
     for name, tensor in with_pass["state"].items():
         torch.testing.assert_close(fused["state"][name], tensor, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_mixed_precision_keeps_fp32_weights_and_close_logprobs(trained):
+    """learner.mixed_precision=bfloat16: forward passes under bf16 autocast with attention in
+    fp32 (rlsys/models/attention.py), while the weights and AdamW state stay fp32; the
+    log-probabilities and the step stay close to the fp32 learner's from the same weights."""
+    from rlsys.models.attention import FP32_SDPA
+
+    fp32, bf16 = trained[0][0]["ppo"], trained[0][0]["ppo_bf16"]
+    assert bf16["attention"] == FP32_SDPA and fp32["attention"] == "sdpa"
+    assert {t.dtype for t in bf16["state"].values()} == {torch.float32}
+    assert bf16["optim_dtypes"] <= {torch.float32}
+    gap = np.abs(_logprobs(trained[0], "ppo_bf16") - _logprobs(trained[0], "ppo"))
+    assert 0 < gap.mean() < 0.02 and gap.max() < 0.5  # bf16 differs, but only a little
+    assert bf16["metrics"]["loss"] == pytest.approx(fp32["metrics"]["loss"], abs=0.02)
+    assert bf16["metrics"]["grad_norm"] == pytest.approx(fp32["metrics"]["grad_norm"], rel=0.05)
+    moved = [n for n, t in bf16["state"].items() if not torch.equal(t, fp32["state"][n])]
+    assert moved  # a bf16 pass gives different (close) gradients, so a different step

@@ -22,7 +22,9 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 40
+# Long enough that `rlsys stop` and the time-limit signal land mid-run: at ~0.1 s a step
+# (checkpointing every step) 40 steps could end before the test had seen a checkpoint.
+STEPS = 120
 RUN_NAME = "slurm-e2e"
 RUN = [
     "launcher=slurm",
@@ -84,6 +86,17 @@ def _wait(what: str, ready, timeout_s: float, log: Path | None = None):
     pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}; job log tail:\n{tail}")
 
 
+def _checkpoint_after(run_dir: Path, step: int):
+    """A ready() for _wait: true once a checkpoint of a step after ``step`` exists (older ones
+    are pruned, ``checkpoint.keep``, so a particular step may come and go between polls)."""
+
+    def ready() -> bool:
+        steps = [int(p.name.removeprefix("step_")) for p in run_dir.glob("checkpoints/step_*")]
+        return any(s > step for s in steps)
+
+    return ready
+
+
 def _wait_ended(job_id: str, log: Path, timeout_s: float) -> dict[str, str]:
     def ended() -> dict[str, str] | None:
         job = _job(job_id)
@@ -124,8 +137,7 @@ def observed(slurm, tmp_path_factory) -> Observed:
         # Job A: stopped with `rlsys stop` once a checkpoint exists.
         stop_id, stop_log = _submit(out)
         jobs.append(stop_id)
-        first = run_dir / "checkpoints" / "step_000001"
-        _wait("job A's first checkpoint", first.is_dir, 600, stop_log)
+        _wait("job A's first checkpoint", _checkpoint_after(run_dir, 0), 600, stop_log)
         stopped = _rlsys("stop", stop_id, "launcher=slurm")
         assert "sent SIGTERM to its batch script" in stopped.stdout
         stop_job = _wait_ended(stop_id, stop_log, 300)
@@ -135,8 +147,8 @@ def observed(slurm, tmp_path_factory) -> Observed:
         # of its own, the time-limit signal: the job requeues itself and resumes.
         requeue_id, requeue_log = _submit(out)
         jobs.append(requeue_id)
-        newer = run_dir / "checkpoints" / f"step_{stop_summary['steps'] + 1:06d}"
-        _wait("a checkpoint from job B", newer.is_dir, 600, requeue_log)
+        newer = _checkpoint_after(run_dir, stop_summary["steps"])
+        _wait("a checkpoint from job B", newer, 600, requeue_log)
         signal = _run(["scancel", "--batch", "--signal=USR1", requeue_id])
         assert signal.returncode == 0, signal.stderr
         requeue_job = _wait_ended(requeue_id, requeue_log, 600)

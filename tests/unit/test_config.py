@@ -7,7 +7,7 @@ import pytest
 from rlsys.config import ConfigError
 from rlsys.config.loader import conf_dir, load_config, to_yaml
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import Roles, check_fits, plan_placement
+from rlsys.placement import MALLOC_ENV, Roles, check_fits, plan_placement, thread_env
 
 
 def _presets() -> list[str]:
@@ -119,6 +119,8 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ),
         ("trainer.max_samples=0", "trainer.max_samples"),
         ("learner.backend=deepspeed model.dtype=float16", "model.dtype=bfloat16"),
+        ("learner.mixed_precision=float16", "learner.mixed_precision"),
+        ("learner.mixed_precision=bfloat16 model.dtype=bfloat16", "model.dtype=float32"),
         ("checkpoint.keep=0", "checkpoint.keep"),
         ("checkpoint.every=-1", "checkpoint.every"),
         ("fault.max_nonfinite_steps=0", "fault.max_nonfinite_steps"),
@@ -216,3 +218,12 @@ def test_custom_resources_pin_pools_and_must_be_advertised():
 def test_placement_resources_refuse_cpu_and_gpu_keys():
     with pytest.raises(ConfigError, match="placement.rollout_resources names 'GPU'"):
         load_config(["placement.rollout_resources={GPU:1}"])
+
+
+def test_actor_env_sets_threads_and_malloc_unless_the_user_did(monkeypatch):
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "0")
+    env = thread_env(3)["env_vars"]
+    assert env["OMP_NUM_THREADS"] == "3"
+    assert env["MALLOC_TRIM_THRESHOLD_"] == MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
+    assert env["MALLOC_TOP_PAD_"] == "0"  # the user's own setting wins
