@@ -276,7 +276,7 @@ def main() -> int:
                     "lr": LR,
                     "temperature": 1.0,
                     "seed": 0,
-                    "threads": os.cpu_count() or 1,
+                    "threads": CPUS,
                     "bf16": bf16,
                 }
                 systems = {

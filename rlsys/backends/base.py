@@ -193,10 +193,8 @@ class TrainingBackend(ABC):
         self.model.eval()
         rows_out, chunks = [np.zeros(0, dtype=np.int64)], []
         for rows in forward_plan(len(batch), self.world_size, self.rank, self.micro):
-            with self._autocast():
+            with self._autocast():  # every fn returns fp32 (or token ids) under autocast too
                 out = fn(self._tensors(batch, rows))
-            if out.is_floating_point():
-                out = out.float()  # a bf16 value or score under autocast
             if len(rows):
                 rows_out.append(rows)
                 chunks.append(out.cpu().numpy())
@@ -238,8 +236,7 @@ class TrainingBackend(ABC):
     def _outputs(self, t: dict[str, torch.Tensor], entropy_grad: bool) -> dict[str, torch.Tensor]:
         """What the objective sees for one micro-batch."""
         if self.role == "value":
-            values = token_values(self.model, t["input_ids"], t["attention_mask"])
-            return {"values": values.float()}
+            return {"values": token_values(self.model, t["input_ids"], t["attention_mask"])}
         if self.role == "reward":
             return {"scores": sequence_scores(self.model, t["input_ids"], t["attention_mask"])}
         logprobs, entropy = token_logprobs(

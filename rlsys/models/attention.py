@@ -4,7 +4,7 @@ Under ``torch.autocast("cpu", torch.bfloat16)`` torch's CPU flash-attention kern
 and its backward is slow: forward + backward of SmolLM2's attention shape (32 x 9 heads x
 69 tokens x 64) took 41.6 ms in bf16 against 12.8 ms in fp32 on this project's 2-core Xeon
 (AMX). The matmuls around it gain 4-9x from bf16, the attention kernel loses 3x, so the learner
-runs attention in fp32 (q, k, v cast up, the output cast back): 4.7-5.4 s -> 2.6-3.2 s for a
+runs attention in fp32 (q, k, v cast up, the output cast back): 3.4-5.7 s -> 2.6-3.2 s for a
 SmolLM2 forward + backward of 32 sequences, with the same log-probabilities as bf16 attention
 (mean |difference| to fp32 0.040 either way). GPUs keep their bf16 kernels.
 """
