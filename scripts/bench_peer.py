@@ -2,7 +2,7 @@
 
     python scripts/bench_peer.py [--workloads tiny,smollm2] [--precision fp32,bf16]
                                  [--pairs 2] [--steps 4] [--warmup 1] [--async-row]
-                                 [--json out.json] [--rlsys key=value ...]
+                                 [--compile] [--json out.json] [--rlsys key=value ...]
 
 Each pair runs both systems once, one after the other (the order alternates between pairs, so
 drift on a shared machine falls on both), as separate processes from the same model files and
@@ -25,8 +25,12 @@ CPU threads (rlsys: its default placement over the machine's cores; TRL: one pro
 all of them), the precision (``--precision``): ``fp32`` everywhere, or ``bf16`` mixed precision
 on both sides (fp32 weights and optimizer state, forward passes in bf16: rlsys
 ``learner.mixed_precision=bfloat16`` with its engine's weights in bf16, ``rollout.dtype``;
-TRL ``bf16=True``, accelerate's autocast around every forward pass, generation included).
-Each workload's rlsys overrides (``Workload.rlsys``: one learner rank with every core, which
+TRL ``bf16=True``, accelerate's autocast around every forward pass, generation included),
+and with ``--compile`` torch.compile on both sides (rlsys ``learner.compile=true``: each
+decoder layer compiled; TRL ``torch_compile=True``: the whole model for its training passes;
+the precision label gets ``+compile``). Compiling costs the first steps: TRL's recompiled
+for its first ~8 steps of the tiny workload (1.7-2.2 s each), so use ``--steps 24 --warmup
+10`` there. Each workload's rlsys overrides (``Workload.rlsys``: one learner rank with every core, which
 beats two one-core ranks on 2 cores) are listed with it below.
 
 Different, and why: the reward. rlsys scores with its task's verifier; TRL's runner
@@ -83,6 +87,7 @@ ASYNC = [
     f"learner.num_cpus_per_rank={max(1, CPUS // 2)}",
     f"rollout.num_cpus_per_worker={max(1, CPUS - CPUS // 2)}",
 ]
+COMPILE = ["learner.compile=true"]  # --compile; TRL gets torch_compile=True
 WORKLOADS = {
     "tiny": Workload("tiny-3m", "arithmetic", 8, 8, 8, ONE_RANK),
     "smollm2": Workload("smollm2-135m", "arithmetic_chat", 4, 8, 16, ONE_RANK),
@@ -236,6 +241,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4, help="steps per run, warm-up included")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--async-row", action="store_true", help="add buffer.max_staleness=1")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile on both sides: rlsys learner.compile=true, TRL torch_compile=True",
+    )
     parser.add_argument("--peer-venv", type=Path)
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--rlsys", nargs="*", default=[], help="extra rlsys overrides")
@@ -263,7 +273,7 @@ def main() -> int:
             path, char, prompts, answers = _prompts(work, 512)
             for precision in precisions:
                 extra, bf16 = PRECISIONS[precision]
-                extra = [*extra, *args.rlsys]
+                extra = [*extra, *(COMPILE if args.compile else []), *args.rlsys]
                 spec = {
                     "model_dir": path,
                     "char_tokenizer": char,
@@ -278,6 +288,7 @@ def main() -> int:
                     "seed": 0,
                     "threads": CPUS,
                     "bf16": bf16,
+                    "torch_compile": args.compile,
                 }
                 systems = {
                     "trl": lambda spec=spec: run_trl(python, spec, args.warmup, tmp),
@@ -289,7 +300,8 @@ def main() -> int:
                     systems["rlsys_async1"] = lambda work=work, extra=extra: run_rlsys(
                         work, args.steps, args.warmup, [*extra, *ASYNC], tmp
                     )
-                records += _pairs(name, precision, work, systems, args.pairs)
+                label = f"{precision}+compile" if args.compile else precision
+                records += _pairs(name, label, work, systems, args.pairs)
     print(_table(records))
     if args.json_path:
         write_records(args.json_path, records)

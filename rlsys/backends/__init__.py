@@ -24,7 +24,7 @@ def build_backend(
     if cfg.backend == "deepspeed":
         from rlsys.backends.deepspeed import DeepSpeedBackend
 
-        return DeepSpeedBackend(*common, cfg.mixed_precision, zero=cfg.deepspeed)
+        return DeepSpeedBackend(*common, cfg.mixed_precision, cfg.compile, zero=cfg.deepspeed)
     from rlsys.backends.fsdp import FSDP2Backend
 
-    return FSDP2Backend(*common, cfg.mixed_precision)
+    return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from rlsys.backends.base import TrainingBackend
 from rlsys.backends.checkpoint import BackendCheckpointError, check_deepspeed_files
-from rlsys.config.learner import DeepSpeedConfig, OptimConfig
+from rlsys.config.learner import DeepSpeedConfig
 
 DS_DIR = "deepspeed"  # the checkpoint's engine state: DS_DIR/DS_TAG/*.pt
 DS_TAG = "state"
@@ -57,21 +57,10 @@ class DeepSpeedBackend(TrainingBackend):
     name = "deepspeed"
     match_keys = (*TrainingBackend.match_keys, "zero_stage", "world_size")
 
-    def __init__(
-        self,
-        model_path: str,
-        dtype: str,
-        optim: OptimConfig,
-        micro_batch_size: int,
-        temperature: float,
-        device: torch.device,
-        role: str = "policy",
-        mixed_precision: str | None = None,
-        zero: DeepSpeedConfig | None = None,
-    ) -> None:
-        super().__init__(
-            model_path, dtype, optim, micro_batch_size, temperature, device, role, mixed_precision
-        )
+    def __init__(self, *args, zero: DeepSpeedConfig | None = None, **kwargs) -> None:
+        """TrainingBackend's arguments, and the ZeRO settings (``learner.deepspeed``)."""
+        super().__init__(*args, **kwargs)
+        dtype, device = self.dtype, self.device
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(
                 f"model.dtype={dtype} is not supported by the deepspeed backend (no fp16 loss "
@@ -80,7 +69,7 @@ class DeepSpeedBackend(TrainingBackend):
         self.zero = zero or DeepSpeedConfig()
         deepspeed = _import_deepspeed(device)
         module = self._load_module()
-        if self.zero.zero_stage == 3 and role == "value":
+        if self.zero.zero_stage == 3 and self.role == "value":
             # ValueModel.forward reads its head's weights without calling the head: have
             # ZeRO-3 gather them with the root module.
             for param in module.head.parameters():
@@ -95,13 +84,18 @@ class DeepSpeedBackend(TrainingBackend):
         self.module = self.engine.module
 
     def _optimizer(self, module: torch.nn.Module) -> torch.optim.Optimizer:
-        cfg = self.optim_cfg
-        kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         if self.zero.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            return DeepSpeedCPUAdam(module.parameters(), adamw_mode=True, **kwargs)
-        return torch.optim.AdamW(module.parameters(), **kwargs)
+            cfg = self.optim_cfg
+            return DeepSpeedCPUAdam(
+                module.parameters(),
+                adamw_mode=True,
+                lr=cfg.lr,
+                betas=tuple(cfg.betas),
+                weight_decay=cfg.weight_decay,
+            )
+        return self._adamw(module.parameters())
 
     def _ds_config(self) -> dict[str, Any]:
         """The engine's config; the learning rate is ours (set before every step)."""

@@ -26,27 +26,7 @@ from rlsys.backends.checkpoint import (
     check_dcp_metadata,
     safe_load_planner,
 )
-from rlsys.config.learner import OptimConfig
-
-# Where decoder layers live: causal LMs (Llama/Qwen-style, GPT-2, GPT-NeoX) and the critic's
-# ValueModel, whose decoder is under ``backbone``.
-_LAYER_PATHS = (
-    "model.layers",
-    "transformer.h",
-    "gpt_neox.layers",
-    "backbone.layers",
-    "backbone.h",
-)
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    for path in _LAYER_PATHS:
-        node = model
-        for attr in path.split("."):
-            node = getattr(node, attr, None)
-        if isinstance(node, torch.nn.ModuleList):
-            return list(node)
-    raise ValueError(f"{type(model).__name__}: cannot find its decoder layers to shard")
+from rlsys.models.blocks import decoder_layers
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -62,33 +42,17 @@ class FSDP2Backend(TrainingBackend):
 
     name = "fsdp2"
 
-    def __init__(
-        self,
-        model_path: str,
-        dtype: str,
-        optim: OptimConfig,
-        micro_batch_size: int,
-        temperature: float,
-        device: torch.device,
-        role: str = "policy",
-        mixed_precision: str | None = None,
-    ) -> None:
-        super().__init__(
-            model_path, dtype, optim, micro_batch_size, temperature, device, role, mixed_precision
-        )
+    def __init__(self, *args, **kwargs) -> None:  # TrainingBackend's arguments
+        super().__init__(*args, **kwargs)
+        device = self.device
         model = self._load_module().to(device)
         if self.world_size > 1:
             mesh = init_device_mesh(device.type, (self.world_size,))
-            for layer in _decoder_layers(model):
+            for layer in decoder_layers(model):
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
         self.model = self.module = model
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=optim.lr,
-            betas=tuple(optim.betas),
-            weight_decay=optim.weight_decay,
-        )
+        self.optimizer = self._adamw(model.parameters())
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

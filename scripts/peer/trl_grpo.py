@@ -7,7 +7,8 @@ SPEC: model_dir, char_tokenizer (build the tokenizer from tokenizer.json as rlsy
 char tokenizer), prompts (rendered text, chat template already applied), answers,
 prompts_per_step, n_samples, max_new_tokens, steps (warm-up included), lr, temperature, seed,
 threads, bf16 (TRL's ``bf16=True``: accelerate's autocast around the model's forward passes,
-fp32 weights). OUT: per-step seconds and mean completion tokens, as the trainer logged them.
+fp32 weights), torch_compile (the Trainer's ``torch_compile=True``: the model under
+``torch.compile`` for its training forward passes). OUT: per-step seconds and mean completion tokens, as the trainer logged them.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def main() -> int:
             save_strategy="no",
             use_cpu=True,
             bf16=spec.get("bf16", False),
+            torch_compile=spec.get("torch_compile", False),
             seed=spec["seed"],
             dataloader_num_workers=0,
         )

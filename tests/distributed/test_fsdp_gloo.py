@@ -17,6 +17,7 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes):
     """Per case: forward, one train_step of 2 mini-batches, the full weights in buckets (a fresh
     backend each; one set of processes serves every case, as process start-up dominates)."""
     from rlsys.backends.fsdp import FSDP2Backend
+    from rlsys.models.blocks import decoder_layers
 
     batch = toy_batch(model_dir)
     out = {}
@@ -31,6 +32,7 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes):
             device=torch.device("cpu"),
             role=role,
             mixed_precision="bfloat16" if case == "ppo_bf16" else None,
+            compile_layers=case == "ppo_compiled",
         )
         forward = backend.forward_logprobs if role == "policy" else backend.forward_values
         rows, logprobs = forward(batch)
@@ -50,6 +52,9 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes):
             "biggest": max((t.numel() * t.element_size() for t in state.values()), default=0),
             "n_buckets": len(buckets),
             "attention": backend.module.config._attn_implementation,
+            "compiled_layers": sum(  # layers that ran as torch.compile'd code
+                layer._compiled_call_impl is not None for layer in decoder_layers(backend.module)
+            ),
             "optim_dtypes": {
                 v.dtype for st in backend.optimizer.state.values() for v in st.values()
             },
@@ -76,22 +81,25 @@ OBJECTIVES = {
     "ppo_pass": (PolicyObjective(dual_clip=3.0), "policy"),
     "ppo_fused": (PolicyObjective(dual_clip=3.0), "policy"),
     "ppo_bf16": (PolicyObjective(dual_clip=3.0), "policy"),  # learner.mixed_precision=bfloat16
+    "ppo_compiled": (PolicyObjective(dual_clip=3.0), "policy"),  # learner.compile=true
 }
 SINGLE_STEP = ("ppo_pass", "ppo_fused")
 ONE_RANK_ONLY = ("ppo_pass", "ppo_bf16")
+TWO_RANKS_ONLY = ("ppo_compiled",)  # compiling costs ~20 s a process: once, sharded
 
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir, tmp_path_factory) -> tuple[list[dict], list[dict]]:
     """Every case trained on 1 rank and on 2 ranks: what each rank returned."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    one = run_ranks(_train, 1, tmp / "ws1", tiny_model_dir, list(OBJECTIVES), 1 << 30)
+    one_rank = [c for c in OBJECTIVES if c not in TWO_RANKS_ONLY]
+    one = run_ranks(_train, 1, tmp / "ws1", tiny_model_dir, one_rank, 1 << 30)
     two_ranks = [c for c in OBJECTIVES if c not in ONE_RANK_ONLY]
     two = run_ranks(_train, 2, tmp / "ws2", tiny_model_dir, two_ranks, 1 << 30)
     return one, two
 
 
-@pytest.mark.parametrize("case", [c for c in OBJECTIVES if c not in ONE_RANK_ONLY])
+@pytest.mark.parametrize("case", [c for c in OBJECTIVES if c not in ONE_RANK_ONLY + TWO_RANKS_ONLY])
 def test_two_ranks_train_exactly_like_one(tiny_model_dir, trained, case):
     """Every loss aggregation (token mean, sequence means, constant normaliser) and the critic
     give one process's loss, gradient and update when sharded over 2 ranks."""
@@ -164,3 +172,19 @@ def test_mixed_precision_keeps_fp32_weights_and_close_logprobs(trained):
     assert bf16["metrics"]["grad_norm"] == pytest.approx(fp32["metrics"]["grad_norm"], rel=0.05)
     moved = [n for n, t in bf16["state"].items() if not torch.equal(t, fp32["state"][n])]
     assert moved  # a bf16 pass gives different (close) gradients, so a different step
+
+
+def test_compiled_layers_train_like_eager_ones(trained):
+    """learner.compile=true: decoder layers compiled in place under FSDP2 on 2 ranks give the
+    eager single-process forward pass, loss, gradient and step, and the same parameter names
+    (the weights the engine and checkpoints see)."""
+    eager, compiled = trained[0][0]["ppo"], trained[1][0]["ppo_compiled"]
+    assert compiled["compiled_layers"] == 2 and eager["compiled_layers"] == 0
+    np.testing.assert_allclose(
+        _logprobs(trained[1], "ppo_compiled"), _logprobs(trained[0], "ppo"), atol=1e-5
+    )
+    for key in ("loss", "grad_norm", "trained_tokens", "clip_frac"):
+        assert compiled["metrics"][key] == pytest.approx(eager["metrics"][key], rel=1e-4, abs=1e-7)
+    assert compiled["state"].keys() == eager["state"].keys()
+    for name, tensor in eager["state"].items():
+        torch.testing.assert_close(compiled["state"][name], tensor, atol=2e-5, rtol=1e-4, msg=name)

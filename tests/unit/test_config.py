@@ -121,6 +121,10 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("learner.backend=deepspeed model.dtype=float16", "model.dtype=bfloat16"),
         ("learner.mixed_precision=float16", "learner.mixed_precision"),
         ("learner.mixed_precision=bfloat16 model.dtype=bfloat16", "model.dtype=float32"),
+        (
+            "learner.compile=true learner.backend=deepspeed learner.deepspeed.zero_stage=3",
+            "learner.deepspeed.zero_stage=3",
+        ),
         ("checkpoint.keep=0", "checkpoint.keep"),
         ("checkpoint.every=-1", "checkpoint.every"),
         ("fault.max_nonfinite_steps=0", "fault.max_nonfinite_steps"),

@@ -1,0 +1,70 @@
+"""The repeated decoder blocks of a model: what FSDP2 shards one by one, and what
+``learner.compile`` compiles.
+
+Compiling block by block ("regional compilation") instead of the whole model costs one
+block's compile, as every block runs the same code: on this project's 2-core Xeon 6-25 s at
+the first forward pass (inductor's cache warm or cold) against 95-150 s for the whole model.
+Inductor fuses each block's element-wise work (RMSNorm, rotary, SiLU x up, residual adds),
+which eager mode runs as separate memory-bound kernels; a bf16 [64, 18, 1024] multiply cost
+as much as a matmul there. Measured there, forward + backward + AdamW under bf16 autocast:
+64 sequences of 18 tokens on the 3M-parameter built-in model, one thread, 0.14-0.15 s eager
+against 0.10-0.12 s compiled; SmolLM2-135M, 32 sequences of 69 tokens, two threads, about
+3.0 s against 2.3-2.5 s, and a lower peak RSS (fewer saved intermediates).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Where decoder layers live: causal LMs (Llama/Qwen-style, GPT-2, GPT-NeoX) and the critic's
+# ValueModel, whose decoder is under ``backbone``.
+LAYER_PATHS = (
+    "model.layers",
+    "transformer.h",
+    "gpt_neox.layers",
+    "backbone.layers",
+    "backbone.h",
+)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder layers, in order; ValueError when none is found at LAYER_PATHS."""
+    for path in LAYER_PATHS:
+        node = model
+        for attr in path.split("."):
+            node = getattr(node, attr, None)
+        if isinstance(node, torch.nn.ModuleList):
+            return list(node)
+    raise ValueError(
+        f"{type(model).__name__}: cannot find its decoder layers (looked at {list(LAYER_PATHS)})"
+    )
+
+
+def compile_layers(model: torch.nn.Module, device: torch.device) -> int:
+    """``torch.compile`` every decoder layer in place, with dynamic shapes (batches change
+    length every step); returns how many. In place (``Module.compile``): parameter names,
+    state dicts and checkpoints stay those of the plain model. Compilation happens at the first
+    call, once for all layers, as long as forward passes run with ``use_cache=False`` (every
+    pass of the learner does): the KV cache's per-layer index would make each layer a graph
+    of its own, past dynamo's recompile limit. On a CPU inductor writes C++, so a C++
+    compiler must be installed."""
+    if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+        raise RuntimeError(
+            "learner.compile=true on a CPU needs a C++ compiler (torch.compile's inductor "
+            "generates C++): install g++ (apt install g++), or set learner.compile=false"
+        )
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile(dynamic=True)
+    log.info(
+        "learner.compile: %d decoder layers compile at the first forward pass (seconds to a "
+        "minute; inductor caches its output under $TORCHINDUCTOR_CACHE_DIR, by default "
+        "/tmp/torchinductor_<user>, so later runs start faster)",
+        len(layers),
+    )
+    return len(layers)
