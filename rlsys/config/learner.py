@@ -106,8 +106,9 @@ class LearnerConfig:
         if self.compile and self.backend == "deepspeed" and self.deepspeed.zero_stage == 3:
             raise ConfigError(
                 f"{prefix}.compile=true does not work with {prefix}.deepspeed.zero_stage=3 "
-                "(ZeRO-3 gathers parameters in hooks inside every layer): use zero_stage=2, "
-                f"backend=fsdp2, or {prefix}.compile=false"
+                "(ZeRO-3 gathers parameters in hooks inside every layer): set "
+                f"{prefix}.deepspeed.zero_stage=2, {prefix}.backend=fsdp2, or "
+                f"{prefix}.compile=false"
             )
 
 

@@ -8,8 +8,8 @@ Inductor fuses each block's element-wise work (RMSNorm, rotary, SiLU x up, resid
 which eager mode runs as separate memory-bound kernels; a bf16 [64, 18, 1024] multiply cost
 as much as a matmul there. Measured there, forward + backward + AdamW under bf16 autocast:
 64 sequences of 18 tokens on the 3M-parameter built-in model, one thread, 0.14-0.15 s eager
-against 0.10-0.12 s compiled; SmolLM2-135M, 32 sequences of 69 tokens, two threads, about
-3.0 s against 2.3-2.5 s, and a lower peak RSS (fewer saved intermediates).
+against 0.10-0.12 s compiled; SmolLM2-135M, 32 sequences of 69 tokens, two threads, 3.0-3.2 s
+against 2.3-3.1 s, and a lower peak RSS (fewer saved intermediates).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         if isinstance(node, torch.nn.ModuleList):
             return list(node)
     raise ValueError(
-        f"{type(model).__name__}: cannot find its decoder layers (looked at {list(LAYER_PATHS)})"
+        f"{type(model).__name__}: cannot find its decoder layers (looked at {list(LAYER_PATHS)}) "
+        "to shard or compile them: add its path to LAYER_PATHS in rlsys/models/blocks.py, or "
+        "train it on one rank (learner.world_size=1) with learner.compile=false"
     )
 
 
@@ -55,14 +57,15 @@ def compile_layers(model: torch.nn.Module, device: torch.device) -> int:
     compiler must be installed."""
     if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise RuntimeError(
-            "learner.compile=true on a CPU needs a C++ compiler (torch.compile's inductor "
-            "generates C++): install g++ (apt install g++), or set learner.compile=false"
+            "learner.compile=true (or critic.compile=true) on a CPU needs a C++ compiler "
+            "(torch.compile's inductor generates C++): install g++ (apt install g++), or set "
+            "it to false"
         )
     layers = decoder_layers(model)
     for layer in layers:
         layer.compile(dynamic=True)
     log.info(
-        "learner.compile: %d decoder layers compile at the first forward pass (seconds to a "
+        "compile: %d decoder layers compile at the first forward pass (seconds to a "
         "minute; inductor caches its output under $TORCHINDUCTOR_CACHE_DIR, by default "
         "/tmp/torchinductor_<user>, so later runs start faster)",
         len(layers),

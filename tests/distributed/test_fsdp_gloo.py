@@ -52,9 +52,11 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes):
             "biggest": max((t.numel() * t.element_size() for t in state.values()), default=0),
             "n_buckets": len(buckets),
             "attention": backend.module.config._attn_implementation,
-            "compiled_layers": sum(  # layers that ran as torch.compile'd code
+            "compiled_layers": sum(  # layers set to run as torch.compile'd code
                 layer._compiled_call_impl is not None for layer in decoder_layers(backend.module)
             ),
+            # graphs dynamo compiled in this process so far (eager cases add none)
+            "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
             "optim_dtypes": {
                 v.dtype for st in backend.optimizer.state.values() for v in st.values()
             },
@@ -90,7 +92,8 @@ TWO_RANKS_ONLY = ("ppo_compiled",)  # compiling costs ~20 s a process: once, sha
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir, tmp_path_factory) -> tuple[list[dict], list[dict]]:
-    """Every case trained on 1 rank and on 2 ranks: what each rank returned."""
+    """Every case trained on 1 rank and on 2 ranks (ONE_RANK_ONLY and TWO_RANKS_ONLY cases on
+    one of them): what each rank returned."""
     tmp = tmp_path_factory.mktemp("fsdp")
     one_rank = [c for c in OBJECTIVES if c not in TWO_RANKS_ONLY]
     one = run_ranks(_train, 1, tmp / "ws1", tiny_model_dir, one_rank, 1 << 30)
@@ -180,6 +183,7 @@ def test_compiled_layers_train_like_eager_ones(trained):
     (the weights the engine and checkpoints see)."""
     eager, compiled = trained[0][0]["ppo"], trained[1][0]["ppo_compiled"]
     assert compiled["compiled_layers"] == 2 and eager["compiled_layers"] == 0
+    assert compiled["graphs"] > 0 and eager["graphs"] == 0  # compiled code did run
     np.testing.assert_allclose(
         _logprobs(trained[1], "ppo_compiled"), _logprobs(trained[0], "ppo"), atol=1e-5
     )

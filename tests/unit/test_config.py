@@ -123,7 +123,7 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("learner.mixed_precision=bfloat16 model.dtype=bfloat16", "model.dtype=float32"),
         (
             "learner.compile=true learner.backend=deepspeed learner.deepspeed.zero_stage=3",
-            "learner.deepspeed.zero_stage=3",
+            "learner.compile=true does not work",
         ),
         ("checkpoint.keep=0", "checkpoint.keep"),
         ("checkpoint.every=-1", "checkpoint.every"),
