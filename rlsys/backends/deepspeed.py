@@ -87,14 +87,7 @@ class DeepSpeedBackend(TrainingBackend):
         if self.zero.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            cfg = self.optim_cfg
-            return DeepSpeedCPUAdam(
-                module.parameters(),
-                adamw_mode=True,
-                lr=cfg.lr,
-                betas=tuple(cfg.betas),
-                weight_decay=cfg.weight_decay,
-            )
+            return DeepSpeedCPUAdam(module.parameters(), adamw_mode=True, **self._adam_settings())
         return self._adamw(module.parameters())
 
     def _ds_config(self) -> dict[str, Any]:

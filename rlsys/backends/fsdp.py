@@ -44,10 +44,9 @@ class FSDP2Backend(TrainingBackend):
 
     def __init__(self, *args, **kwargs) -> None:  # TrainingBackend's arguments
         super().__init__(*args, **kwargs)
-        device = self.device
-        model = self._load_module().to(device)
+        model = self._load_module().to(self.device)
         if self.world_size > 1:
-            mesh = init_device_mesh(device.type, (self.world_size,))
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
             for layer in decoder_layers(model):
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)

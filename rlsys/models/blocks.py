@@ -47,9 +47,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     )
 
 
-def compile_layers(model: torch.nn.Module, device: torch.device) -> int:
+def compile_layers(model: torch.nn.Module, device: torch.device) -> None:
     """``torch.compile`` every decoder layer in place, with dynamic shapes (batches change
-    length every step); returns how many. In place (``Module.compile``): parameter names,
+    length every step). In place (``Module.compile``): parameter names,
     state dicts and checkpoints stay those of the plain model. Compilation happens at the first
     call, once for all layers, as long as forward passes run with ``use_cache=False`` (every
     pass of the learner does): the KV cache's per-layer index would make each layer a graph
@@ -70,4 +70,3 @@ def compile_layers(model: torch.nn.Module, device: torch.device) -> int:
         "/tmp/torchinductor_<user>, so later runs start faster)",
         len(layers),
     )
-    return len(layers)

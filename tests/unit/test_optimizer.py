@@ -19,6 +19,7 @@ def test_adamw_is_fused_and_stays_fused_after_loading_a_loop_state():
     assert saved["param_groups"][0]["fused"] is None
 
     backend = SimpleNamespace(optim_cfg=OptimConfig(lr=1e-3))
+    backend._adam_settings = lambda: TrainingBackend._adam_settings(backend)
     fused = TrainingBackend._adamw(backend, params)
     assert fused.param_groups[0]["fused"] is True
     fused.load_state_dict(saved)
