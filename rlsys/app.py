@@ -10,8 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-from rlsys.cache import atomic_dir, cache_dir, fingerprint
-from rlsys.collector import RolloutCollector
 from rlsys.config.errors import ConfigError
 from rlsys.config.loader import to_yaml
 from rlsys.config.schema import TrainConfig
@@ -19,8 +17,11 @@ from rlsys.data.tasks import TaskSplits, load_task
 from rlsys.launch.local import connect_ray, preflight
 from rlsys.models.loading import check_model_path, load_tokenizer, resolve_model_path
 from rlsys.placement import Roles
-from rlsys.run_dir import check_output_dir, make_run_dir, write_summary
-from rlsys.tracking import Tracker
+from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
+from rlsys.run.directory import check_output_dir, make_run_dir, write_summary
+from rlsys.run.tracking import Tracker
+from rlsys.trainers.preference.pairs import preference_pairs
+from rlsys.trainers.rl.collector import RolloutCollector
 
 log = logging.getLogger("rlsys")
 
@@ -39,7 +40,7 @@ def _sft_to(
 ) -> dict:
     """Run SFT from ``model_path`` on fresh pools and save the result to ``out``."""
     from rlsys.pools import start_pools
-    from rlsys.sft import run_sft
+    from rlsys.trainers.sft import run_sft
 
     pools = start_pools(cfg, model_path, Roles(), temperature=1.0)
     try:
@@ -221,8 +222,8 @@ def train(cfg: TrainConfig) -> Path:
     resume = _resume_point(cfg)
     base, tokenizer, task = _inputs(cfg)
     from rlsys.checkpoint import CheckpointStore  # after the checks: torch takes seconds
-    from rlsys.controller import Controller, save_final_policy
     from rlsys.pools import start_pools
+    from rlsys.trainers.rl.controller import Controller, save_final_policy
 
     saved: dict = {}
     if resume is None:
@@ -329,58 +330,6 @@ def _preference_setup(cfg: TrainConfig, kind: str):
     return run_dir, tokenizer, task, start, warm
 
 
-def _load_pairs(cfg: TrainConfig, task: TaskSplits, generate, tokenizer):
-    """``preference.*``'s pairs; synthetic pairs made of the starting model's replies
-    (``preference.synthetic``: mistakes, ranked) sample them through ``generate`` (its
-    rollout pool)."""
-    from rlsys.data.preferences import load_pairs, sample_replies
-    from rlsys.types import SamplingParams
-
-    pref = cfg.preference
-    if not pref.samples_policy:
-        return load_pairs(pref, task, cfg.run.seed)
-    sampling = SamplingParams(
-        n=pref.samples_per_prompt,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_new_tokens=task.max_new_tokens,
-    )
-    collector = RolloutCollector.for_task(generate, tokenizer, cfg.task, cfg.reward)
-    log.info(
-        "preference pairs (%s): sampling %d replies per prompt from the starting model",
-        pref.synthetic,
-        pref.samples_per_prompt,
-    )
-    return load_pairs(pref, task, cfg.run.seed, sample_replies(collector, sampling, cfg.run.seed))
-
-
-def _pairs(cfg: TrainConfig, tokenizer, task: TaskSplits, encode, generate=None):
-    """Training and held-out pairs of ``preference.*``, packed with ``encode``."""
-    from rlsys.data.preferences import pack_pairs
-
-    splits = _load_pairs(cfg, task, generate, tokenizer)
-    pad, limit = tokenizer.pad_token_id, cfg.preference.max_length
-    train = pack_pairs(splits.train, encode, pad, limit)
-    evals = pack_pairs(splits.eval, encode, pad, limit)
-    info = {
-        **splits.summary(),
-        "train_pairs": len(train.kept),
-        "eval_pairs": len(evals.kept),
-        "skipped_too_long": train.skipped_too_long + evals.skipped_too_long,
-    }
-    log.info(
-        "preference pairs (%s): %d train / %d held out; skipped %d malformed rows and %d "
-        "pairs over preference.max_length=%d",
-        info["source"],
-        info["train_pairs"],
-        info["eval_pairs"],
-        info["skipped_malformed_rows"],
-        info["skipped_too_long"],
-        limit,
-    )
-    return train, evals, info
-
-
 def _preference_summary(run_dir, result, data, start, warm, final, started) -> Path:
     """summary.json of ``rlsys rm`` / ``rlsys dpo``: the result, the pairs, the models."""
     return write_summary(
@@ -402,7 +351,7 @@ def rm(cfg: TrainConfig) -> Path:
     ``checkpoints/final`` as a sequence-classification model for ``reward.model.paths``."""
     from rlsys.data.preferences import reward_model_rows
     from rlsys.placement import plan_placement
-    from rlsys.rm import run_rm
+    from rlsys.trainers.preference.rm import run_rm
     from rlsys.workers.learner import LearnerGroup
     from rlsys.workers.rollout import RolloutPool
 
@@ -413,7 +362,7 @@ def rm(cfg: TrainConfig) -> Path:
     if cfg.preference.samples_policy:
         rollout = RolloutPool(cfg.rollout, placement.rollout, start, cfg.model.dtype)
     try:
-        train, evals, data = _pairs(
+        train, evals, data = preference_pairs(
             cfg,
             tokenizer,
             task,
@@ -448,8 +397,8 @@ def dpo(cfg: TrainConfig) -> Path:
     """``rlsys dpo``: DPO / IPO / conservative DPO of the policy on preference pairs; the
     policy lands in ``checkpoints/final``."""
     from rlsys.data.preferences import policy_rows
-    from rlsys.dpo import run_dpo
     from rlsys.pools import start_pools
+    from rlsys.trainers.preference.dpo import run_dpo
 
     started = time.perf_counter()
     run_dir, tokenizer, task, start, warm = _preference_setup(cfg, "dpo")
@@ -458,7 +407,9 @@ def dpo(cfg: TrainConfig) -> Path:
     final = run_dir / "checkpoints" / "final"
     try:
         collector = _collector(cfg, pools, tokenizer)
-        train, evals, data = _pairs(cfg, tokenizer, task, policy_rows(collector), pools.generate)
+        train, evals, data = preference_pairs(
+            cfg, tokenizer, task, policy_rows(collector), pools.generate
+        )
         result = run_dpo(
             cfg.dpo,
             pools,

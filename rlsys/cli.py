@@ -77,7 +77,7 @@ def _export(checkpoint: str, out_dir: str) -> int:
 
 
 def _scale(run_dir: str, targets: list[str]) -> int:
-    from rlsys.elastic import ScaleError, request_scale
+    from rlsys.trainers.rl.scale_requests import ScaleError, request_scale
 
     try:
         print(request_scale(run_dir, targets))
@@ -88,7 +88,7 @@ def _scale(run_dir: str, targets: list[str]) -> int:
 
 
 def _report(run_dir: str) -> int:
-    from rlsys.report import ReportError, write_report
+    from rlsys.run.report import ReportError, write_report
 
     try:
         print(f"report: {write_report(run_dir)}")

@@ -33,11 +33,12 @@ def _alive(actor) -> bool:
 
 
 def dead_actors(pools: Pools) -> tuple[bool, list[int]]:
-    """Whether any learner or critic rank is dead (or stuck), and which rollout workers are
-    dead. Call when no step is running."""
+    """Whether any learner, critic or reference rank is dead (or stuck), and which rollout
+    workers are dead. Call when no step is running."""
     ranks = list(pools.learner.workers)
-    if pools.critic is not None:
-        ranks += pools.critic.workers
+    for group in (pools.critic, pools.reference):
+        if group is not None:
+            ranks += group.workers
     learners_dead = not all(_alive(w) for w in ranks)
     rollout_dead = [i for i, w in enumerate(pools.rollout.workers) if not _alive(w)]
     return learners_dead, rollout_dead

@@ -125,10 +125,10 @@ def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
         pools.append(
             PoolSpec(
                 "reference",
-                1,
+                cfg.reference.world_size,
                 cfg.reference.num_cpus,
                 cfg.reference.num_gpus,
-                "reference (1 actor)",
+                "reference.world_size",
                 "reference.num_cpus",
                 cfg.placement.learner_resources,
                 "placement.learner_resources",

@@ -17,7 +17,6 @@ from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync import TRANSPORTS, SendResult, WeightTransport, WeightUpdate
 from rlsys.workers.calls import get_all
 from rlsys.workers.learner import LearnerGroup
-from rlsys.workers.reference import ReferenceWorker
 from rlsys.workers.rollout import RolloutPool
 
 
@@ -27,13 +26,14 @@ class Pools:
 
     learner: LearnerGroup
     rollout: RolloutPool
-    reference: ray.actor.ActorHandle | None
+    reference: LearnerGroup | None  # inference-only: the frozen reference policy
     transport: WeightTransport
     bucket_bytes: int
     critic: LearnerGroup | None = None
-    # Start a fresh policy / critic learner group (for recovery after a rank died).
+    # Start a fresh policy / critic / reference group (for recovery after a rank died).
     respawn_learner: Callable[[], LearnerGroup] | None = None
     respawn_critic: Callable[[], LearnerGroup] | None = None
+    respawn_reference: Callable[[], LearnerGroup] | None = None
     scorer: RewardService | None = None  # None: the collector scores in this process
 
     def sync_weights(self, version: int) -> SendResult:
@@ -65,13 +65,16 @@ class Pools:
         self.connect_weight_sync()
 
     def replace_learners(self) -> None:
-        """Kill the learner (and critic) groups and start fresh ones on their starting
-        weights (load a checkpoint next), re-forming the sync group."""
+        """Kill the learner (and critic and reference) groups and start fresh ones on their
+        starting weights (load a checkpoint next), re-forming the sync group."""
         self.learner.shutdown(timeout_s=5.0)
         self.learner = self.respawn_learner()
         if self.critic is not None:
             self.critic.shutdown(timeout_s=5.0)
             self.critic = self.respawn_critic()
+        if self.reference is not None:
+            self.reference.shutdown(timeout_s=5.0)
+            self.reference = self.respawn_reference()
         self.connect_weight_sync()
 
     def node_ids(self) -> dict[str, list[str]]:
@@ -80,7 +83,7 @@ class Pools:
         if self.critic is not None:
             nodes["critic"] = self.critic.node_ids()
         if self.reference is not None:
-            nodes["reference"] = [ray.get(self.reference.node_id.remote())]
+            nodes["reference"] = self.reference.node_ids()
         return nodes
 
     def generate(
@@ -100,7 +103,7 @@ class Pools:
         if self.critic is not None:
             stops.append(self.critic.shutdown)
         if self.reference is not None:
-            stops.append(lambda: ray.kill(self.reference))
+            stops.append(self.reference.shutdown)
         errors = []
         for stop in stops:
             try:
@@ -165,22 +168,15 @@ def start_pools(
             role="value",
         )
 
-    def start_reference() -> ray.actor.ActorHandle:
-        res = placement.reference
-        reference = ReferenceWorker.options(**res.actor_options()).remote(
+    def respawn_reference() -> LearnerGroup:
+        return LearnerGroup(
+            cfg.reference.group(cfg.learner),
+            placement.reference,
             model_path,
             cfg.model.dtype,
-            cfg.learner.micro_batch_size,
             temperature,
-            res.threads,
-            res.num_gpus,
+            trainable=False,
         )
-        try:
-            ray.get(reference.ready.remote())
-        except BaseException:
-            ray.kill(reference)
-            raise
-        return reference
 
     starters: dict[str, Callable[[], Any]] = {
         "rollout": lambda: RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype),
@@ -189,7 +185,7 @@ def start_pools(
     if roles.critic:
         starters["critic"] = respawn_critic
     if roles.reference:
-        starters["reference"] = start_reference
+        starters["reference"] = respawn_reference
     if roles.rewards:
         starters["scorer"] = lambda: RewardService(
             cfg.task.reward,
@@ -208,6 +204,7 @@ def start_pools(
         up.get("critic"),
         respawn_learner,
         respawn_critic if roles.critic else None,
+        respawn_reference if roles.reference else None,
         up.get("scorer"),
     )
     try:

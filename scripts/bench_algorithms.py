@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlsys.bench_runs import run_train, write_records
+from rlsys.run.bench import run_train, write_records
 
 
 def presets() -> list[str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlsys.bench_runs import run_train, write_records
+from rlsys.run.bench import run_train, write_records
 
 # Rollout and learner get one core each; both pools run the same work in every mode. No
 # group filter: every generated sample is trained on unless it goes stale, so the modes

@@ -136,11 +136,11 @@ def peer_python(venv: Path) -> Path:
 def _prompts(work: Workload, count: int) -> tuple[str, bool, list[str], list[str]]:
     """The model directory, whether it has the built-in char tokenizer, and ``count`` training
     prompts rendered as rlsys sends them, with their answers."""
-    from rlsys.collector import RolloutCollector
     from rlsys.config.loader import load_config
     from rlsys.data.tasks import load_task
     from rlsys.models.builtin import saved_char_tokenizer
     from rlsys.models.loading import load_tokenizer, resolve_model_path
+    from rlsys.trainers.rl.collector import RolloutCollector
 
     cfg = load_config([f"model={work.model}", f"task={work.task}"])
     path = resolve_model_path(cfg.model)
@@ -260,8 +260,8 @@ def main() -> int:
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
 
-    from rlsys.bench_runs import write_records
-    from rlsys.cache import cache_dir
+    from rlsys.run.bench import write_records
+    from rlsys.run.cache import cache_dir
 
     venv = args.peer_venv or cache_dir() / "peer" / PEER_PINS[0].replace("==", "-")
     python = peer_python(venv)

@@ -31,19 +31,19 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    from rlsys.bench_runs import write_records
     from rlsys.config.loader import load_config
     from rlsys.config.schema import TrackingConfig
+    from rlsys.run.bench import write_records
 
     cfg = load_config(DEFAULTS + args.overrides)
-    from rlsys.controller import Controller
     from rlsys.data.tasks import load_task
     from rlsys.launch.local import connect_ray
     from rlsys.models.loading import load_tokenizer, resolve_model_path
     from rlsys.placement import Roles
     from rlsys.pools import start_pools
+    from rlsys.run.tracking import Tracker
     from rlsys.runtime import quiet_libraries
-    from rlsys.tracking import Tracker
+    from rlsys.trainers.rl.controller import Controller
 
     quiet_libraries()
     roles = Roles.for_rl(cfg)

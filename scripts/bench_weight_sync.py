@@ -279,7 +279,7 @@ def main() -> int:
             )
     finally:
         ray.shutdown()
-    from rlsys.bench_runs import write_records
+    from rlsys.run.bench import write_records
 
     write_records(args.json_path, records)
     return 0

@@ -48,4 +48,4 @@ PPO="$SUMMARY"
 stage dpo dpo model.path="$(final_model "$SFT")" warm_start.enabled=false \
   preference.synthetic=ranked dpo.max_steps=100
 DPO="$SUMMARY"
-python -m rlsys.rlhf_summary "$OUT/summary.json" sft="$SFT" rm="$RM" ppo="$PPO" dpo="$DPO"
+python -m rlsys.trainers.preference.summary "$OUT/summary.json" sft="$SFT" rm="$RM" ppo="$PPO" dpo="$DPO"

@@ -128,12 +128,12 @@ def run_controller(ray_cpu, tiny_model_dir, tmp_path):
     import json
 
     from rlsys.config.loader import load_config
-    from rlsys.controller import Controller
     from rlsys.data.tasks import load_task
     from rlsys.models.loading import load_tokenizer
     from rlsys.placement import Roles
     from rlsys.pools import start_pools
-    from rlsys.tracking import Tracker
+    from rlsys.run.tracking import Tracker
+    from rlsys.trainers.rl.controller import Controller
 
     def run(overrides: list[str]) -> tuple[dict, list[dict]]:
         cfg = load_config(overrides)

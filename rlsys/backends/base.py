@@ -61,6 +61,9 @@ class TrainingBackend(ABC):
     reward model being trained (``role="reward"``, a sequence-classification model: one
     score per sequence).
 
+    With ``trainable=False`` it is inference-only (the frozen reference policy): sharded
+    like a learner, but with no gradients and no optimizer state; forward passes only.
+
     A subclass's constructor sets ``model`` and ``module``; it implements the abstract
     methods."""
 
@@ -80,6 +83,7 @@ class TrainingBackend(ABC):
         role: str = "policy",
         mixed_precision: str | None = None,
         compile_layers: bool = False,
+        trainable: bool = True,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
@@ -92,6 +96,7 @@ class TrainingBackend(ABC):
         self.device = device
         self.mixed_precision = mixed_precision
         self.compile_layers = compile_layers
+        self.trainable = trainable  # False: forward passes only (a reference), no optimizer
         self.optim_cfg = optim
         self.base_lr = optim.lr
         self.optimizer_steps = 0
@@ -292,6 +297,8 @@ class TrainingBackend(ABC):
     ) -> dict[str, float]:
         """Epochs x mini-batches optimizer steps; returns metrics averaged over all ranks,
         with ``skipped_steps``: optimizer steps left out for a non-finite grad norm."""
+        if not self.trainable:
+            raise RuntimeError("an inference-only backend (trainable=False) has no optimizer")
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         tokens = 0.0

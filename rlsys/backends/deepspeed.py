@@ -74,9 +74,11 @@ class DeepSpeedBackend(TrainingBackend):
             # ZeRO-3 gather them with the root module.
             for param in module.head.parameters():
                 deepspeed.zero.register_external_parameter(module, param)
+        if not self.trainable:  # ZeRO-3 still partitions the parameters; no optimizer
+            module.requires_grad_(False)
         self.engine, *_ = deepspeed.initialize(
             model=module,
-            optimizer=self._optimizer(module),
+            optimizer=self._optimizer(module) if self.trainable else None,
             config=self._ds_config(),
             dist_init_required=False,
         )

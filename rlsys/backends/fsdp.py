@@ -45,13 +45,15 @@ class FSDP2Backend(TrainingBackend):
     def __init__(self, *args, **kwargs) -> None:  # TrainingBackend's arguments
         super().__init__(*args, **kwargs)
         model = self._load_module().to(self.device)
+        if not self.trainable:
+            model.requires_grad_(False)
         if self.world_size > 1:
             mesh = init_device_mesh(self.device.type, (self.world_size,))
             for layer in decoder_layers(model):
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
         self.model = self.module = model
-        self.optimizer = self._adamw(model.parameters())
+        self.optimizer = self._adamw(model.parameters()) if self.trainable else None
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -8,6 +8,7 @@ involve one component live in its ``__post_init__``; checks across components li
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from rlsys.algorithms import names
@@ -17,7 +18,7 @@ from rlsys.config.elastic import ElasticConfig
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.launch import LauncherConfig
-from rlsys.config.learner import CriticConfig, LearnerConfig
+from rlsys.config.learner import BACKENDS, CriticConfig, LearnerConfig
 from rlsys.config.preference import DPOConfig, PreferenceDataConfig, RMConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 from rlsys.config.reward import RewardConfig
@@ -260,14 +261,38 @@ class RolloutConfig:
 
 @dataclass
 class ReferenceConfig:
-    """The frozen reference policy (started only when algorithm.kl_coef > 0)."""
+    """The frozen reference policy (started only when algorithm.kl_coef > 0): an inference-only
+    learner group, its model sharded over its ranks like the learner's, with no optimizer."""
 
-    num_cpus: float = 1.0  # also its torch thread count
-    num_gpus: float = 0.0  # GPUs for the reference actor (0: CPU)
+    # reference ranks; > 1 shards the model over them (a policy too large for one device)
+    world_size: int = 1
+    # fsdp2 or deepspeed (always ZeRO-3 here: the stage that shards parameters); null: the
+    # learner's backend
+    backend: str | None = None
+    num_cpus: float = 1.0  # CPUs per rank; also its torch thread count
+    num_gpus: float = 0.0  # GPUs per rank (0: CPU)
 
     def __post_init__(self) -> None:
+        positive("reference.world_size", self.world_size)
+        if self.backend is not None:
+            one_of("reference.backend", self.backend, BACKENDS)
         positive("reference.num_cpus", self.num_cpus)
         non_negative("reference.num_gpus", self.num_gpus)
+
+    def group(self, learner: LearnerConfig) -> LearnerConfig:
+        """The learner-group config the reference ranks are built from: the learner's micro
+        batch, with this world size and backend, the model's dtype throughout (no mixed
+        precision, no compiled layers) and ZeRO-3 for DeepSpeed."""
+        return dataclasses.replace(
+            learner,
+            backend=self.backend or learner.backend,
+            world_size=self.world_size,
+            num_cpus_per_rank=self.num_cpus,
+            num_gpus_per_rank=self.num_gpus,
+            mixed_precision=None,
+            compile=False,
+            deepspeed=dataclasses.replace(learner.deepspeed, zero_stage=3, offload_optimizer=False),
+        )
 
 
 MAX_STALENESS = 16  # beyond this, samples are too off-policy for any correction here

@@ -11,8 +11,8 @@ import json
 import string
 from pathlib import Path
 
-from rlsys.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.config.schema import ModelConfig
+from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 BUILTIN_PREFIX = "builtin:"

@@ -21,8 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsys.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.config.errors import ConfigError
+from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -2,5 +2,6 @@
 concurrent loops (see ``Pipeline``); the learner is the controller's own thread."""
 
 from rlsys.pipeline.pipeline import Pipeline
+from rlsys.pipeline.sides import RolloutSide, ScoringSide
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "RolloutSide", "ScoringSide"]

@@ -7,18 +7,14 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
-
-import numpy as np
 
 from rlsys.buffer import StreamingBuffer
 from rlsys.data.sampler import PromptSampler
-from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.feeder import PromptFeeder
 from rlsys.pipeline.gate import RolloutGate
-from rlsys.pipeline.rollout import BuildGroups, GenerateOn, ReplaceWorker, RolloutLoop
+from rlsys.pipeline.rollout import RolloutLoop
 from rlsys.pipeline.scoring import ScoringLoop
-from rlsys.types import Prompt, RolloutGroup, Sample, SamplingParams, TrainBatch
+from rlsys.pipeline.sides import RolloutSide, ScoringSide
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 120.0  # how long stop() waits for the loops before giving up on them
@@ -34,66 +30,56 @@ class Pipeline:
         self,
         buffer: StreamingBuffer,
         sampler: PromptSampler,
-        encode: Callable[[list[Prompt]], tuple[list[Prompt], list[list[int]]]],
-        build_groups: BuildGroups,
-        score: Callable[[list[RolloutGroup]], None],
-        shape: Callable[[list[Sample]], float],
-        generate_on: GenerateOn,
-        abort: Callable[[], None],
-        num_workers: int,
-        sampling: SamplingParams,
-        *,
-        prompts_per_request: int | None = None,
-        seed: int = 0,
-        greedy_baseline: bool = False,
-        partial: bool = False,
-        reference: Callable[[TrainBatch], np.ndarray] | None = None,
-        pad_id: int = 0,
-        replace_worker: ReplaceWorker | None = None,
-        episodes: EpisodeRunner | None = None,
+        rollout: RolloutSide,
+        scoring: ScoringSide,
     ) -> None:
         self.buffer = buffer
-        self.gate = RolloutGate(abort, partial)
+        self.gate = RolloutGate(rollout.abort, rollout.partial)
         self.error: BaseException | None = None
         self._error_lock = threading.Lock()
         self._requests: queue.Queue = queue.Queue()
         self._groups: queue.Queue = queue.Queue()
-        self._prompts_per_request = prompts_per_request
+        self._prompts_per_request = rollout.prompts_per_request
         self._batch_size = buffer.batch_size
         self.feeder = PromptFeeder(
-            buffer, sampler, encode, self._requests, self._per_request(num_workers), self.fail
+            buffer,
+            sampler,
+            rollout.encode,
+            self._requests,
+            self._per_request(rollout.num_workers),
+            self.fail,
         )
 
         def new_loop(worker: int) -> RolloutLoop:
             return RolloutLoop(
                 worker,
-                generate_on,
-                build_groups,
+                rollout.generate_on,
+                rollout.build_groups,
                 self.gate,
                 buffer,
                 self._requests,
                 self._groups,
-                sampling,
-                seed + worker * 1_000_003,
-                greedy_baseline,
-                partial,
+                rollout.sampling,
+                rollout.seed + worker * 1_000_003,
+                rollout.greedy_baseline,
+                rollout.partial,
                 self.fail,
-                replace_worker,
-                episodes,
+                rollout.replace_worker,
+                rollout.episodes,
             )
 
         self._new_loop = new_loop
-        self.rollouts = [new_loop(worker) for worker in range(num_workers)]  # active ones
+        self.rollouts = [new_loop(worker) for worker in range(rollout.num_workers)]  # active
         self._retiring: list[RolloutLoop] = []  # finishing their request, then ending
         self._every_rollout = list(self.rollouts)  # for busy time and joins
         self._calls_of_retired: dict[int, int] = {}  # a re-added worker goes on with its seeds
         self.scoring = ScoringLoop(
             self._groups,
             buffer,
-            score,
-            shape,
-            reference,
-            pad_id,
+            scoring.score,
+            scoring.shape,
+            scoring.reference,
+            scoring.pad_id,
             lambda: len(self._every_rollout),
             self.fail,
         )

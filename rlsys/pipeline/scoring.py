@@ -18,7 +18,7 @@ from rlsys.types import RolloutGroup, Sample, TrainBatch
 
 class ScoringLoop(Loop):
     """Consumes: complete groups from the rollout loops. Produces: scored groups in the
-    buffer (or drops counted there). Waits for: a group; the reference worker. Unblocked by:
+    buffer (or drops counted there). Waits for: a group; the reference group. Unblocked by:
     any rollout loop finishing a request. Ends when every rollout loop started so far
     (``producers()``, which grows as the pool does) has sent its ``None``.
 

@@ -53,8 +53,10 @@ class LearnerWorker:
         cfg: LearnerConfig,
         temperature: float,
         role: str = "policy",
+        trainable: bool = True,
     ) -> None:
-        """Join the learners' process group and build the backend ``cfg.backend`` names."""
+        """Join the learners' process group and build the backend ``cfg.backend`` names
+        (``trainable=False``: forward passes only, no optimizer)."""
         import torch
         import torch.distributed as dist
 
@@ -69,7 +71,7 @@ class LearnerWorker:
             rank=self.rank,
             world_size=self.world_size,
         )
-        self.backend = build_backend(cfg, model_path, dtype, temperature, device, role)
+        self.backend = build_backend(cfg, model_path, dtype, temperature, device, role, trainable)
 
     def forward_logprobs(self, batch: TrainBatch):
         return self.backend.forward_logprobs(batch)
@@ -139,7 +141,9 @@ class LearnerWorker:
 class LearnerGroup:
     """``world_size`` learner ranks driven as one: every call goes to every rank. The policy
     learner has ``role="policy"``; a critic is a learner group with ``role="value"``, and
-    ``rlsys rm`` trains a reward model in one with ``role="reward"``."""
+    ``rlsys rm`` trains a reward model in one with ``role="reward"``. The frozen reference
+    policy is an inference-only group (``trainable=False``): sharded the same way, placed,
+    probed and replaced like learner ranks, with no optimizer."""
 
     def __init__(
         self,
@@ -149,6 +153,7 @@ class LearnerGroup:
         dtype: str,
         temperature: float,
         role: str = "policy",
+        trainable: bool = True,
     ) -> None:
         self.cfg = cfg
         self.workers = [
@@ -160,7 +165,7 @@ class LearnerGroup:
         addr, port = ray.get(self.workers[0].address.remote())
         ray.get(
             [
-                w.setup.remote(addr, port, model_path, dtype, cfg, temperature, role)
+                w.setup.remote(addr, port, model_path, dtype, cfg, temperature, role, trainable)
                 for w in self.workers
             ]
         )

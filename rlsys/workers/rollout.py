@@ -11,6 +11,7 @@ import numpy as np
 import ray
 
 from rlsys.config.schema import RolloutConfig
+from rlsys.engines.base import RolloutEngine
 from rlsys.placement import ActorResources
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import SyncAddress, WeightTransport, WeightUpdate
@@ -38,7 +39,7 @@ class RolloutWorker:
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self.threads = self._on_engine_thread(limit_threads, threads)
         self.device = pick_device(num_gpus)
-        self.engine = self._on_engine_thread(
+        self.engine: RolloutEngine = self._on_engine_thread(
             ENGINES.get(cfg.engine), model_path, dtype, cfg, self.device
         )
         self.transport: WeightTransport | None = None

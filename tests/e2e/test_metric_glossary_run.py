@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rlsys.report import write_report
+from rlsys.run.report import write_report
 
 
 # long tier (about 40-75 s on 2 cores: policy, critic, reference and 2 engines start); CI checks

@@ -20,7 +20,7 @@ from rlsys.checkpoint import (
     step_of,
     write_trainer_state,
 )
-from rlsys.run_dir import trim_metrics
+from rlsys.run.directory import trim_metrics
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample
 
 
@@ -219,7 +219,7 @@ def test_resume_falls_back_past_an_unreadable_trainer_state(tmp_path):
 def test_a_fresh_run_never_reuses_a_directory_that_holds_a_run(tmp_path):
     from rlsys.config.errors import ConfigError
     from rlsys.config.loader import load_config
-    from rlsys.run_dir import make_run_dir
+    from rlsys.run.directory import make_run_dir
 
     _run_with_checkpoints(tmp_path, (1,))
     cfg = load_config([f"run.output_dir={tmp_path}", "run.name=run"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlsys.collector import RolloutCollector
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TaskConfig
@@ -17,6 +16,7 @@ from rlsys.envs.calculator import Calculator, evaluate
 from rlsys.envs.guess_number import GuessNumber
 from rlsys.envs.tools import ToolCall, ToolCallError, find_call, format_call
 from rlsys.models.loading import load_tokenizer
+from rlsys.trainers.rl.collector import RolloutCollector
 from rlsys.types import Completion, Prompt, SamplingParams
 
 

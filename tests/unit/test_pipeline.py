@@ -12,7 +12,7 @@ import pytest
 
 from rlsys.buffer import StreamingBuffer
 from rlsys.data.sampler import PromptSampler
-from rlsys.pipeline import Pipeline
+from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
 BATCH, N, MAX_NEW = 4, 2, 6
@@ -83,20 +83,19 @@ def _score(groups):
 
 def _pipeline(engines, buffer, num_workers=2, partial=False, per_request=None):
     prompts = [Prompt(i, f"p{i}", "0") for i in range(50)]
-    return Pipeline(
-        buffer,
-        PromptSampler(prompts, BATCH, shuffle=False, seed=0),
+    rollout = RolloutSide(
         lambda ps: (ps, [[1, 2, 3] for _ in ps]),
-        _build_groups,
-        _score,
-        lambda samples: 0.0,
         engines.generate_on,
         engines.abort,
         num_workers,
+        _build_groups,
         SamplingParams(n=N, max_new_tokens=MAX_NEW),
         prompts_per_request=per_request,
         partial=partial,
     )
+    scoring = ScoringSide(_score, lambda samples: 0.0)
+    sampler = PromptSampler(prompts, BATCH, shuffle=False, seed=0)
+    return Pipeline(buffer, sampler, rollout, scoring)
 
 
 def _learn(pipeline, engines, buffer, steps, train_s, check):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlsys.cli import main
-from rlsys.report import ReportError, load_metrics, panels, series, write_report
+from rlsys.run.report import ReportError, load_metrics, panels, series, write_report
 
 
 def _record(step: int, **extra) -> dict:

@@ -135,7 +135,7 @@ def test_ranked_pairs_need_two_replies_per_prompt():
 def test_rlhf_summary_merges_the_stages_and_prints_its_path_last(tmp_path, capsys):
     import json
 
-    from rlsys.rlhf_summary import main, merge
+    from rlsys.trainers.preference.summary import main, merge
 
     stages = {
         "sft": {"steps": 150, "eval_accuracy": 0.36, "final_model": "m/sft"},

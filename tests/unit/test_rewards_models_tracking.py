@@ -12,7 +12,7 @@ import torch
 from rlsys.config.schema import TrackingConfig
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.rewards import REWARDS, score
-from rlsys.tracking import Tracker
+from rlsys.run.tracking import Tracker
 from rlsys.weight_sync.object_store import decode, encode
 
 

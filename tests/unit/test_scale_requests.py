@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlsys.cli import main
-from rlsys.elastic import ScaleError, ScalePlan, request_scale
+from rlsys.trainers.rl.scale_requests import ScaleError, ScalePlan, request_scale
 
 
 @pytest.fixture

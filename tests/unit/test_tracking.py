@@ -11,9 +11,9 @@ import pytest
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrackingConfig
-from rlsys.progress import Progress, format_duration
-from rlsys.sample_metrics import sample_rows
-from rlsys.tracking import Tracker, flatten
+from rlsys.run.progress import Progress, format_duration
+from rlsys.run.tracking import Tracker, flatten
+from rlsys.trainers.rl.sample_metrics import sample_rows
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample
 
 ROW = {"prompt": "1+2=", "answer": "300", "response": "300", "reward": 1.0, "correct": True}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrackingConfig
-from rlsys.progress import Progress
-from rlsys.run_dir import trim_metrics
+from rlsys.run.directory import trim_metrics
+from rlsys.run.progress import Progress
 
 _CONSOLE_KEYS = [
     ("rollout/reward_mean", "reward", "{:.3f}"),

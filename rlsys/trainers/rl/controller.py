@@ -18,11 +18,11 @@ groups as they finish, into the streaming buffer; this thread is the learner::
         critic   <- value regression onto the returns            (critic_train)
         gate shut: v += 1; engines <- weights v; eval            (weight_sync)
     every checkpoint.every steps, at exit and on SIGTERM: feeder paused, in-flight groups
-        drained, learners + controller state saved          (controller_recovery.py)
+        drained, learners + controller state saved          (recovery.py)
     a worker process dies: replace it; a rollout request is retried, a failed step goes
-        back to the latest checkpoint                         (controller_recovery.py)
+        back to the latest checkpoint                         (recovery.py)
     after a step, if asked (rollout.elastic.schedule, `rlsys scale`): add rollout workers
-        (weights v first) or retire some after their requests  (controller_elastic.py)
+        (weights v first) or retire some after their requests  (scaling.py)
 
 ``buffer.max_staleness=0`` is synchronous on-policy training: the next batch is issued only
 once the new weights are in the engines. ``1`` overlaps the next batch's generation with
@@ -47,19 +47,19 @@ from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
 from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint import CheckpointStore, step_of
-from rlsys.collector import RolloutCollector
 from rlsys.config.schema import TrainConfig
-from rlsys.controller_elastic import Elastic
-from rlsys.controller_recovery import Recoverable
 from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
-from rlsys.elastic import ScalePlan
 from rlsys.faults import Restarts, nonfinite_streak
-from rlsys.pipeline import Pipeline
+from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.pools import Pools
-from rlsys.sample_metrics import episode_metrics, reward_component_metrics, sample_rows
-from rlsys.tracking import Tracker
+from rlsys.run.tracking import Tracker
+from rlsys.trainers.rl.collector import RolloutCollector
+from rlsys.trainers.rl.recovery import Recoverable
+from rlsys.trainers.rl.sample_metrics import episode_metrics, reward_component_metrics, sample_rows
+from rlsys.trainers.rl.scale_requests import ScalePlan
+from rlsys.trainers.rl.scaling import Elastic
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -164,26 +164,27 @@ class Controller(Recoverable, Elastic):
         self.sampler = PromptSampler(
             self.task.train, cfg.data.batch_size, cfg.data.shuffle, cfg.run.seed
         )
-        self.pipeline = Pipeline(
-            self.buffer,
-            self.sampler,
+        rollout = RolloutSide(
             self.collector.encode,
-            self.collector.build_groups,
-            self.collector.score,
-            self.recipe.shape_rewards,
             self.pools.rollout.generate_on,
             self.pools.rollout.abort,
             len(self.pools.rollout.workers),
+            self.collector.build_groups,
             self.sampling,
             prompts_per_request=cfg.rollout.prompts_per_request,
             seed=cfg.run.seed * 1_000_003,
             greedy_baseline=algo.advantage in NEEDS_GREEDY_BASELINE,
             partial=cfg.rollout.partial_rollouts,
-            reference=self._reference_logprobs if self.pools.reference is not None else None,
-            pad_id=self.pad_id,
             replace_worker=self._replace_rollout_worker,
             episodes=self.collector.episodes,
         )
+        scoring = ScoringSide(
+            self.collector.score,
+            self.recipe.shape_rewards,
+            self._reference_logprobs if self.pools.reference is not None else None,
+            self.pad_id,
+        )
+        self.pipeline = Pipeline(self.buffer, self.sampler, rollout, scoring)
         self.totals = RunTotals()
         self._drawn = 0  # prompts drawn by the end of the previous step
         self._filtered = 0  # samples filtered by the end of the previous step
@@ -439,9 +440,7 @@ class Controller(Recoverable, Elastic):
         return self.cfg.run.seed * 1_000_003 + step * 101
 
     def _reference_logprobs(self, batch: TrainBatch) -> np.ndarray:
-        import ray
-
-        return ray.get(self.pools.reference.forward_logprobs.remote(batch))
+        return self.pools.reference.forward_logprobs(batch)
 
     def _log_eval(self, step: int, metrics: dict[str, float]) -> float:
         self.totals.eval_history.append({"step": step, **metrics})

@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass
 
 from rlsys.algorithms.objectives import SFTObjective
-from rlsys.collector import RolloutCollector
 from rlsys.config.schema import SFTConfig
 from rlsys.data.collate import pack
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.pools import Pools
-from rlsys.progress import Progress
-from rlsys.tracking import Tracker
+from rlsys.run.progress import Progress
+from rlsys.run.tracking import Tracker
+from rlsys.trainers.rl.collector import RolloutCollector
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The RLHF example's summary (``scripts/rlhf_example.sh``): the figures of each stage, read
 from the stages' own ``summary.json`` files, and the gains on the task metric.
 
-    python -m rlsys.rlhf_summary OUT.json sft=PATH rm=PATH ppo=PATH dpo=PATH
+    python -m rlsys.trainers.preference.summary OUT.json sft=PATH rm=PATH ppo=PATH dpo=PATH
 
 writes OUT.json and prints ``summary: OUT.json``. The task metric is the task verifier's
 held-out greedy accuracy (``task=reviews``: the fraction of replies the hidden labeller calls
@@ -70,7 +70,7 @@ def merge(paths: dict[str, str]) -> dict:
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or any("=" not in a for a in argv[1:]):
         print(
-            f"usage: python -m rlsys.rlhf_summary OUT.json {' '.join(s + '=PATH' for s in STAGES)}",
+            f"usage: python -m rlsys.trainers.preference.summary OUT.json {' '.join(s + '=PATH' for s in STAGES)}",
             file=sys.stderr,
         )
         return 2

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlsys.algorithms.objectives import DPOObjective
-from rlsys.collector import RolloutCollector
 from rlsys.config.preference import DPOConfig
 from rlsys.data.preferences import PairBatch, pair_margins, pairwise_accuracy, train_on_pairs
 from rlsys.pools import Pools
-from rlsys.tracking import Tracker
+from rlsys.run.tracking import Tracker
+from rlsys.trainers.rl.collector import RolloutCollector
 from rlsys.types import Prompt
 
 log = logging.getLogger(__name__)

@@ -136,7 +136,7 @@ class Recoverable:
             "step %d failed (%s); %s; restoring %s",
             self.totals.steps + 1,
             exc,
-            "a learner rank died"
+            "a learner, critic or reference rank died"
             if learners_dead
             else f"rollout workers {rollout_dead} died"
             if rollout_dead

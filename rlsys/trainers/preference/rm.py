@@ -18,7 +18,7 @@ import numpy as np
 from rlsys.algorithms.objectives import RewardModelObjective
 from rlsys.config.preference import RMConfig
 from rlsys.data.preferences import PairBatch, pair_margins, pairwise_accuracy, train_on_pairs
-from rlsys.tracking import Tracker
+from rlsys.run.tracking import Tracker
 from rlsys.workers.learner import LearnerGroup
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 A mixin of ``Controller`` (it uses the controller's pools, pipeline, version, weights lock
 and totals), kept apart so ``controller.py`` reads like the algorithm. What asks for a size:
-``rollout.elastic.schedule`` and ``rlsys scale RUN_DIR rollout=N`` (``rlsys.elastic``).
+``rollout.elastic.schedule`` and ``rlsys scale RUN_DIR rollout=N`` (``rlsys.trainers.rl.scale_requests``).
 
 * Growing: new engines start while the others keep generating; then, with the learner idle
   and the loops held at the gate, the weight-sync group is re-formed with them and the

@@ -1,0 +1,50 @@
+"""What a rollout engine is: the interface ``RolloutWorker`` drives and every engine offers.
+
+An engine is built as ``ENGINES.get(name)(model_path, dtype, rollout_cfg, device)`` inside a
+rollout worker's process and is called from one thread of that worker (``abort`` from any).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+from rlsys.types import Completion, SamplingParams
+from rlsys.weight_sync.base import Bucket
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Sampling with behaviour log-probabilities, in-place weight updates, and the calls a
+    colocated or partial-rollout run needs."""
+
+    version: int  # the policy version of the weights loaded last (0: the starting weights)
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        budgets: list[int] | None = None,
+    ) -> list[list[Completion]]:
+        """``sampling.n`` completions per prompt (token ids in, token ids and each token's
+        behaviour log-probability out); prompt i gets at most ``budgets[i]`` new tokens
+        (default ``sampling.max_new_tokens``). After ``abort``, unfinished sequences end with
+        ``finish_reason="abort"`` and what they produced so far."""
+        ...
+
+    def update_weights(self, buckets: Iterable[Bucket], version: int) -> int:
+        """Load full tensors by Hugging Face name, bucket by bucket, and become ``version``;
+        returns the number of tensors loaded. A name the model lacks raises ``KeyError``."""
+        ...
+
+    def sleep(self) -> None:
+        """Free accelerator memory while the learners train (colocated); a no-op on CPU."""
+        ...
+
+    def wake(self) -> None:
+        """Undo ``sleep``."""
+        ...
+
+    def abort(self) -> None:
+        """Make the running ``generate`` return soon (safe from another thread)."""
+        ...
