@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlsys.algorithms import names
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.elastic import ElasticConfig
@@ -21,6 +20,8 @@ from rlsys.config.learner import CriticConfig, LearnerConfig
 from rlsys.config.preference import DPOConfig, PreferenceDataConfig, RMConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 from rlsys.config.reward import RewardConfig
+from rlsys.engines import ENGINES
+from rlsys.weight_sync import TRANSPORTS
 
 
 @dataclass
@@ -230,7 +231,7 @@ class RolloutConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)  # resize the pool mid-run
 
     def __post_init__(self) -> None:
-        one_of("rollout.engine", self.engine, ("hf", "vllm"))
+        ENGINES.check(self.engine)
         positive("rollout.num_workers", self.num_workers)
         positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
         non_negative("rollout.num_gpus_per_worker", self.num_gpus_per_worker)
@@ -306,7 +307,7 @@ class WeightSyncConfig:
     timeout_s: float = 600.0  # a sync group member waiting longer than this fails the run
 
     def __post_init__(self) -> None:
-        one_of("weight_sync.transport", self.transport, ("object_store", "collective", "cuda_ipc"))
+        TRANSPORTS.check(self.transport)
         positive("weight_sync.bucket_mb", self.bucket_mb)
         one_of("weight_sync.cpu_data_plane", self.cpu_data_plane, ("auto", "shm", "gloo"))
         positive("weight_sync.timeout_s", self.timeout_s)
@@ -482,17 +483,17 @@ class TrainConfig:
                 "ties with itself); set algorithm.filter_uniform_groups=false or "
                 "rollout.n_samples=2 or more"
             )
-        if algo.policy_loss == "vanilla" and (
+        if not algo.has_ratio and (
             self.learner.ppo_epochs > 1 or self.learner.num_mini_batches > 1
         ):
             raise ConfigError(
-                "algorithm.policy_loss=vanilla has no importance ratio, so only its first "
+                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so only its first "
                 "optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
                 "learner.num_mini_batches=1, or use algorithm.policy_loss=ppo_clip"
             )
-        if algo.policy_loss == "vanilla" and self.buffer.max_staleness > 0:
+        if not algo.has_ratio and self.buffer.max_staleness > 0:
             raise ConfigError(
-                f"algorithm.policy_loss=vanilla has no importance ratio, so it cannot learn "
+                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so it cannot learn "
                 f"from buffer.max_staleness={self.buffer.max_staleness} versions old samples; "
                 "set buffer.max_staleness=0 or algorithm.policy_loss=ppo_clip"
             )
@@ -507,7 +508,7 @@ class TrainConfig:
                 f"critic.pretrain_steps={self.critic.pretrain_steps} leaves no policy steps in "
                 f"trainer.total_steps={self.trainer.total_steps}; lower critic.pretrain_steps"
             )
-        if algo.advantage in names.GROUP_ESTIMATORS and self.rollout.n_samples < 2:
+        if algo.compares_group and self.rollout.n_samples < 2:
             raise ConfigError(
                 f"rollout.n_samples={self.rollout.n_samples}: algorithm.advantage="
                 f"{self.algorithm.advantage} compares the samples of a prompt and needs at "
