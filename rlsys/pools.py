@@ -14,7 +14,8 @@ from rlsys.config.schema import TrainConfig
 from rlsys.placement import Roles, plan_placement
 from rlsys.rewards.service import RewardService
 from rlsys.types import Completion, SamplingParams
-from rlsys.weight_sync import TRANSPORTS, SendResult, WeightTransport, WeightUpdate
+from rlsys.weight_sync import TRANSPORTS
+from rlsys.weight_sync.base import SendResult, WeightTransport, WeightUpdate
 from rlsys.workers.calls import get_all
 from rlsys.workers.learner import LearnerGroup
 from rlsys.workers.rollout import RolloutPool

@@ -1,36 +1,85 @@
-"""One small generic registry: config names -> implementations."""
+"""One registry type for every extension kind: config names -> implementations, with traits.
+
+Each kind (advantage estimators, policy losses, engines, training backends, ...) has one
+module-level ``Registry`` in the module where its implementations live, and an implementation
+joins it with one decorator line next to its definition::
+
+    @ADVANTAGES.register("gae", needs_critic=True)
+    def gae(x: AdvantageInputs) -> Advantages: ...
+
+Config validation asks the registry for the valid names (``check``), and the code that needs a
+property of an implementation asks for its trait (``trait``), so no list of names is kept
+anywhere else. docs/extending.md lists the registries.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Maps names to implementations; unknown names fail with the list of known ones."""
+    """Maps the names a config key accepts to implementations and their traits (a small dict
+    of flags such as ``needs_critic=True``; a trait not given reads as ``False``)."""
 
     def __init__(self, kind: str, config_key: str) -> None:
-        self.kind = kind
-        self.config_key = config_key
+        self.kind = kind  # what an item is, for messages: "advantage estimator"
+        self.config_key = config_key  # the config key whose values are this registry's names
         self._items: dict[str, T] = {}
+        self._traits: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
+    def register(self, name: str, **traits: Any) -> Callable[[T], T]:
+        """Decorator: register the item as ``name`` with ``traits``; returns it unchanged."""
+
         def add(item: T) -> T:
             if name in self._items:
-                raise KeyError(f"{self.kind} {name!r} is registered twice")
+                raise ValueError(
+                    f"{self.kind} {name!r} is registered twice ({self._items[name]!r} and "
+                    f"{item!r}); give the new one another name"
+                )
             self._items[name] = item
+            self._traits[name] = dict(traits)
             return item
 
         return add
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (tests and plugins that registered something temporary)."""
+        self.check(name)
+        del self._items[name], self._traits[name]
+
+    def check(self, name: str, key: str | None = None) -> None:
+        """Raise a ``ConfigError`` naming the config key (``key``, default this registry's),
+        the bad value and the known names, unless ``name`` is registered."""
+        if name in self._items:
+            return
+        from rlsys.config.errors import ConfigError  # here: rlsys.config imports registries
+
+        key = key or self.config_key
+        raise ConfigError(
+            f"{key}={name!r} is not a known {self.kind}; use one of {self.names()} "
+            "(a new one registers itself: see docs/extending.md)"
+        )
+
     def get(self, name: str) -> T:
-        if name not in self._items:
-            raise KeyError(
-                f"unknown {self.kind} {name!r} in {self.config_key}; known: {sorted(self._items)}"
-            )
+        """The implementation registered as ``name`` (``check``'s error if there is none)."""
+        self.check(name)
         return self._items[name]
 
-    def names(self) -> list[str]:
-        return sorted(self._items)
+    def names(self, **traits: Any) -> list[str]:
+        """The registered names, sorted; with ``traits``, only those whose traits match."""
+        return sorted(
+            name
+            for name, own in self._traits.items()
+            if all(own.get(key, False) == value for key, value in traits.items())
+        )
+
+    def trait(self, name: str, key: str, default: Any = False) -> Any:
+        """Trait ``key`` of the implementation registered as ``name`` (``default`` if unset)."""
+        self.check(name)
+        return self._traits[name].get(key, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items

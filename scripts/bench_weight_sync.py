@@ -168,7 +168,7 @@ def transports():
 
 
 def run_model(ray, model, receivers, bucket_bytes, repeats, memcpy):
-    from rlsys.weight_sync import WeightUpdate
+    from rlsys.weight_sync.base import WeightUpdate
 
     Sender, Receiver = make_actors(ray)
     sender = Sender.remote(model)

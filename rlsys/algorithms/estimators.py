@@ -5,6 +5,11 @@ Outcome estimators (grpo, dr_grpo, rloo, remax) give one scalar per sequence; wh
 a reward penalty, each token also gets the reward-to-go of the penalty that follows it, so
 the penalty reaches the tokens that caused it. Token estimators (reinforce_pp, gae) fold the
 penalty into their token rewards.
+
+Traits of a registration: ``group`` (compares the samples of a prompt, so it needs
+rollout.n_samples >= 2), ``needs_critic`` (starts a critic pool and reads ``values``),
+``greedy_baseline`` (the controller generates one greedy reply per prompt for
+``baseline_rewards``).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ class Advantages:
 
 
 Estimator = Callable[[AdvantageInputs], Advantages]
-ADVANTAGES: Registry = Registry("advantage estimator", "algorithm.advantage")
+ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", "algorithm.advantage")
 
 
 def _groups(x: AdvantageInputs) -> np.ndarray:
@@ -70,22 +75,22 @@ def _per_token(x: AdvantageInputs, scalar: np.ndarray) -> Advantages:
     return Advantages(adv.astype(np.float32))
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", group=True)
 def grpo(x: AdvantageInputs) -> Advantages:
     return _per_token(x, A.grpo_advantages(_groups(x), normalize_std=x.normalize_std))
 
 
-@ADVANTAGES.register("dr_grpo")
+@ADVANTAGES.register("dr_grpo", group=True)
 def dr_grpo(x: AdvantageInputs) -> Advantages:
     return _per_token(x, A.dr_grpo_advantages(_groups(x)))
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", group=True)
 def rloo(x: AdvantageInputs) -> Advantages:
     return _per_token(x, A.rloo_advantages(_groups(x)))
 
 
-@ADVANTAGES.register("remax")
+@ADVANTAGES.register("remax", greedy_baseline=True)
 def remax(x: AdvantageInputs) -> Advantages:
     if x.baseline_rewards is None:
         raise ValueError("remax needs the greedy baseline rewards (baseline_rewards)")
@@ -97,14 +102,14 @@ def reinforce_pp(x: AdvantageInputs) -> Advantages:
     return Advantages(A.reinforce_pp_advantages(_token_rewards(x, x.rewards), x.mask, x.gamma))
 
 
-@ADVANTAGES.register("reinforce_pp_baseline")
+@ADVANTAGES.register("reinforce_pp_baseline", group=True)
 def reinforce_pp_baseline(x: AdvantageInputs) -> Advantages:
     """REINFORCE++ with baseline: the group mean reward is subtracted before the returns."""
     centred = A.dr_grpo_advantages(_groups(x)).reshape(-1)
     return Advantages(A.reinforce_pp_advantages(_token_rewards(x, centred), x.mask, x.gamma))
 
 
-@ADVANTAGES.register("gae")
+@ADVANTAGES.register("gae", needs_critic=True)
 def gae(x: AdvantageInputs) -> Advantages:
     if x.values is None:
         raise ValueError("gae needs critic values (values)")

@@ -1,30 +1,55 @@
-"""KL to the reference policy: per-token estimators and the adaptive coefficient."""
+"""KL to the reference policy: per-token estimators and the adaptive coefficient.
+
+Torch is not imported here (tensor methods only): the config validates
+``algorithm.kl_estimator`` against ``KL_ESTIMATORS`` without paying for torch.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
+from rlsys.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+# An estimator maps the clamped (B, T-1) log r = ref - logp to the per-token KL estimate.
+# Trait: ``zero_mean_grad`` (its gradient has expectation zero: useless as a loss term).
+KLEstimator = Callable[["torch.Tensor"], "torch.Tensor"]
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator", "algorithm.kl_estimator")
+
+
+@KL_ESTIMATORS.register("k1", zero_mean_grad=True)
+def k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    """-log r: unbiased, but negative on some samples and high-variance."""
+    return -log_ratio
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    """(log r)^2 / 2: biased, non-negative; its gradient is that of KL(pi || ref)."""
+    return 0.5 * log_ratio.square()
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """r - 1 - log r: unbiased, non-negative, low variance (GRPO's choice)."""
+    return log_ratio.exp() - 1.0 - log_ratio
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020, "Approximating KL").
-
-    With log r = ref - logp:  k1 = -log r;  k2 = (log r)^2 / 2;  k3 = r - 1 - log r (unbiased,
-    non-negative, low variance). Departure: log r is clamped to [-20, 20] so k3 stays finite.
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020, "Approximating
+    KL") with estimator ``kind`` of ``KL_ESTIMATORS``. Departure: log r is clamped to
+    [-20, 20] so k3 stays finite.
 
     As a reward penalty each is a value. As a loss term what matters is its gradient under
     samples of pi: k2's is the gradient of KL(pi || ref); k3's (GRPO's choice) is that of the
     forward KL(ref || pi); k1's has expectation zero, so the config rejects k1 as a loss.
     """
-    log_ratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
-    if kind == "k1":
-        return -log_ratio
-    if kind == "k2":
-        return 0.5 * log_ratio.square()
-    if kind == "k3":
-        return log_ratio.exp() - 1.0 - log_ratio
-    raise ValueError(f"algorithm.kl_estimator={kind!r}: use k1, k2 or k3")
+    estimator = KL_ESTIMATORS.get(kind)
+    return estimator((ref_logprobs - logprobs).clamp(-20.0, 20.0))
 
 
 def adaptive_kl_coef(

@@ -1,15 +1,26 @@
-"""Per-token losses and loss aggregation: pure torch functions, no model or config state.
+"""Per-token losses and loss aggregation: pure tensor functions, no model or config state.
 
 Every loss returns a (B, T-1) tensor of per-token losses (to be minimised) plus detached
 metrics; the learner weighs them with ``loss_weights`` and sums, so a loss never sees
-padding rules or sharding.
+padding rules or sharding. ``POLICY_LOSSES`` (``algorithm.policy_loss``) and
+``LOSS_AGGREGATIONS`` (``algorithm.loss_agg``) register them under their config names.
+
+Torch is not imported here (tensor methods only): the config validates names against these
+registries without paying for torch.
 """
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlsys.algorithms.names import LOSS_AGGREGATIONS
+from rlsys.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+Metrics = dict[str, "torch.Tensor"]
 
 
 def ppo_clip_loss(
@@ -36,16 +47,16 @@ def ppo_clip_loss(
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(unclipped, clipped)
+    loss = unclipped.maximum(clipped)
     metrics = {}
     if dual_clip is not None:
-        bounded = torch.minimum(loss, -dual_clip * advantages)
-        with torch.no_grad():
-            metrics["dual_clipped"] = ((advantages < 0) & (bounded < loss)).float()
-        loss = torch.where(advantages < 0, bounded, loss)
-    with torch.no_grad():
-        metrics["clipped"] = (clipped > unclipped).float()
-        metrics["approx_kl"] = (-log_ratio).exp() - 1.0 + log_ratio
+        negative = advantages < 0
+        bounded = loss.minimum(-dual_clip * advantages)
+        metrics["dual_clipped"] = (negative & (bounded < loss)).float()  # no gradient
+        loss = bounded.where(negative, loss)
+    metrics["clipped"] = (clipped > unclipped).float()
+    detached = log_ratio.detach()
+    metrics["approx_kl"] = (-detached).exp() - 1.0 + detached
     return loss, metrics
 
 
@@ -72,13 +83,12 @@ def gspo_loss(
     ratio = token_log_ratio.clamp(max=20.0).exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(unclipped, clipped)
-    with torch.no_grad():
-        seq = seq_log_ratio.expand_as(logprobs)
-        metrics = {
-            "clipped": (clipped > unclipped).float(),
-            "approx_kl": (-seq).exp() - 1.0 + seq,
-        }
+    loss = unclipped.maximum(clipped)
+    seq = seq_log_ratio.detach().expand_as(logprobs)
+    metrics = {
+        "clipped": (clipped > unclipped).float(),
+        "approx_kl": (-seq).exp() - 1.0 + seq,
+    }
     return loss, metrics
 
 
@@ -90,6 +100,44 @@ def policy_gradient_loss(
     No importance ratio: exact only on-policy (one epoch, one mini-batch); its gradient
     equals PPO's at ratio 1."""
     return -advantages * logprobs, {}
+
+
+@dataclass
+class PolicyLossInputs:
+    """What a policy loss may use: the tensors of a micro-batch, (B, T-1) each, and the
+    clip settings of ``algorithm``."""
+
+    logprobs: torch.Tensor  # log pi(a|s) of the sampled tokens under the learner (gradient)
+    old_logprobs: torch.Tensor  # the same before the update (the proximal policy), detached
+    advantages: torch.Tensor  # per-token advantages
+    mask: torch.Tensor  # 1 on trained response tokens
+    clip_low: float = 0.2  # algorithm.clip_eps
+    clip_high: float = 0.2  # algorithm.clip_eps_high (or clip_eps)
+    dual_clip: float | None = None  # algorithm.dual_clip
+
+
+# Traits: ``ratio`` (an importance ratio against old_logprobs: the loss stays right over
+# several optimizer steps per batch and on stale samples), ``dual_clip`` (honours
+# algorithm.dual_clip).
+PolicyLoss = Callable[[PolicyLossInputs], "tuple[torch.Tensor, Metrics]"]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "algorithm.policy_loss")
+
+
+@POLICY_LOSSES.register("ppo_clip", ratio=True, dual_clip=True)
+def ppo_clip(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
+    return ppo_clip_loss(
+        x.logprobs, x.old_logprobs, x.advantages, x.clip_low, x.clip_high, x.dual_clip
+    )
+
+
+@POLICY_LOSSES.register("gspo", ratio=True)
+def gspo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
+    return gspo_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, x.clip_low, x.clip_high)
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
+    return policy_gradient_loss(x.logprobs, x.advantages)
 
 
 def value_loss(
@@ -104,11 +152,11 @@ def value_loss(
     error = (values - returns).square()
     if clip is None:
         loss = 0.5 * error
-        clipped_frac = torch.zeros_like(error)
+        clipped_frac = error.new_zeros(error.shape)
     else:
         clipped_values = old_values + (values - old_values).clamp(-clip, clip)
         clipped_error = (clipped_values - returns).square()
-        loss = 0.5 * torch.maximum(error, clipped_error)
+        loss = 0.5 * error.maximum(clipped_error)
         clipped_frac = (clipped_error > error).float().detach()
     return loss, {"value_clipped": clipped_frac, "value_error": error.detach()}
 
@@ -116,6 +164,49 @@ def value_loss(
 def nll_loss(logprobs: torch.Tensor) -> torch.Tensor:
     """Supervised fine-tuning: negative log-likelihood of each target token."""
     return -logprobs
+
+
+# An aggregation maps the float (B, T-1) mask, the mini-batch's trained tokens and sequences
+# over all ranks, and algorithm.loss_agg_norm to per-token weights (see ``loss_weights``).
+Aggregation = Callable[["torch.Tensor", float, float, "float | None"], "torch.Tensor"]
+LOSS_AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation", "algorithm.loss_agg")
+
+
+@LOSS_AGGREGATIONS.register("token_mean")
+def token_mean(
+    mask: torch.Tensor, num_tokens: float, num_seqs: float, norm: float | None
+) -> torch.Tensor:
+    """Every token of the mini-batch equal (DAPO's token-level loss)."""
+    return mask / max(num_tokens, 1.0)
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_sum")
+def seq_mean_token_sum(
+    mask: torch.Tensor, num_tokens: float, num_seqs: float, norm: float | None
+) -> torch.Tensor:
+    """Sum over a sequence's tokens, mean over sequences."""
+    return mask / max(num_seqs, 1.0)
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_mean")
+def seq_mean_token_mean(
+    mask: torch.Tensor, num_tokens: float, num_seqs: float, norm: float | None
+) -> torch.Tensor:
+    """Mean over a sequence's tokens, then over sequences (GRPO's 1/|o|, and GSPO's)."""
+    lengths = mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return mask / lengths / max(num_seqs, 1.0)
+
+
+@LOSS_AGGREGATIONS.register("seq_sum_norm")
+def seq_sum_norm(
+    mask: torch.Tensor, num_tokens: float, num_seqs: float, norm: float | None
+) -> torch.Tensor:
+    """Sum over tokens divided by the constant ``norm``, mean over sequences (Dr.GRPO)."""
+    if not norm or norm <= 0:
+        raise ValueError(
+            f"algorithm.loss_agg=seq_sum_norm needs a positive algorithm.loss_agg_norm, got {norm}"
+        )
+    return mask / (norm * max(num_seqs, 1.0))
 
 
 def loss_weights(
@@ -129,7 +220,7 @@ def loss_weights(
 
     ``num_tokens`` and ``num_seqs`` count trained tokens and sequences (with any trained
     token) of the whole mini-batch over all ranks, so data-parallel shards sum to the same
-    loss as one process. Modes (``mask`` (B, T-1)):
+    loss as one process. Modes (``mask`` (B, T-1); ``LOSS_AGGREGATIONS``):
 
     - ``token_mean``: every token of the mini-batch equal (DAPO's token-level loss);
     - ``seq_mean_token_sum``: sum over a sequence's tokens, mean over sequences;
@@ -138,22 +229,7 @@ def loss_weights(
     - ``seq_sum_norm``: sum over tokens divided by the constant ``norm`` (e.g. the generation
       budget), mean over sequences: Dr.GRPO's length-unbiased form.
     """
-    maskf = mask.float()
-    if mode == "token_mean":
-        return maskf / max(num_tokens, 1.0)
-    if mode == "seq_mean_token_sum":
-        return maskf / max(num_seqs, 1.0)
-    if mode == "seq_mean_token_mean":
-        lengths = maskf.sum(-1, keepdim=True).clamp(min=1.0)
-        return maskf / lengths / max(num_seqs, 1.0)
-    if mode == "seq_sum_norm":
-        if not norm or norm <= 0:
-            raise ValueError(
-                f"algorithm.loss_agg=seq_sum_norm needs a positive algorithm.loss_agg_norm, "
-                f"got {norm}"
-            )
-        return maskf / (norm * max(num_seqs, 1.0))
-    raise ValueError(f"algorithm.loss_agg={mode!r} is not one of {list(LOSS_AGGREGATIONS)}")
+    return LOSS_AGGREGATIONS.get(mode)(mask.float(), num_tokens, num_seqs, norm)
 
 
 def aggregate(

@@ -15,14 +15,7 @@ from typing import Protocol
 import torch
 
 from rlsys.algorithms.kl import kl_estimate
-from rlsys.algorithms.losses import (
-    gspo_loss,
-    nll_loss,
-    policy_gradient_loss,
-    ppo_clip_loss,
-    value_loss,
-)
-from rlsys.algorithms.names import POLICY_LOSSES
+from rlsys.algorithms.losses import POLICY_LOSSES, PolicyLossInputs, nll_loss, value_loss
 from rlsys.algorithms.preference import bradley_terry_loss, dpo_loss, spread_over_pairs
 
 Tensors = dict[str, torch.Tensor]
@@ -62,13 +55,13 @@ def needs_old_logprobs(epochs: int, num_mini_batches: int, off_policy: str, kl_r
 
 @dataclass(frozen=True)
 class PolicyObjective:
-    """A policy loss (PPO clip, GSPO or vanilla PG), weighted per token by the batch's
+    """A policy loss of ``POLICY_LOSSES`` (PPO clip, GSPO, vanilla PG, ...), weighted per token by the batch's
     ``is_weights`` when an off-policy correction is on, an optional KL-to-reference loss term
     and an entropy bonus. The ratio is taken against the batch's ``old_logprobs``, or, when it
     has none, against this pass's own log-probabilities, detached (one optimizer step per
     batch: see ``needs_old_logprobs``)."""
 
-    policy_loss: str = "ppo_clip"  # one of POLICY_LOSSES
+    policy_loss: str = "ppo_clip"  # a name in losses.POLICY_LOSSES
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None  # ppo_clip only
@@ -90,30 +83,18 @@ class PolicyObjective:
         from_this_pass = old is None  # see needs_old_logprobs: at the pre-update weights
         if from_this_pass:
             old = logprobs.detach()
-        if self.policy_loss == "ppo_clip":
-            loss, metrics = ppo_clip_loss(
-                logprobs,
-                old,
-                batch["advantages"],
-                self.clip_low,
-                self.clip_high,
-                self.dual_clip,
+        policy_loss = POLICY_LOSSES.get(self.policy_loss)
+        loss, metrics = policy_loss(
+            PolicyLossInputs(
+                logprobs=logprobs,
+                old_logprobs=old,
+                advantages=batch["advantages"],
+                mask=batch["loss_mask"],
+                clip_low=self.clip_low,
+                clip_high=self.clip_high,
+                dual_clip=self.dual_clip,
             )
-        elif self.policy_loss == "gspo":
-            loss, metrics = gspo_loss(
-                logprobs,
-                old,
-                batch["advantages"],
-                batch["loss_mask"],
-                self.clip_low,
-                self.clip_high,
-            )
-        elif self.policy_loss == "vanilla":
-            loss, metrics = policy_gradient_loss(logprobs, batch["advantages"])
-        else:
-            raise ValueError(
-                f"algorithm.policy_loss={self.policy_loss!r} is not one of {list(POLICY_LOSSES)}"
-            )
+        )
         if from_this_pass and "behaviour_logprobs" in batch:
             # engine vs learner before the update (the controller's metric when it has them)
             metrics["logprob_mismatch"] = (batch["behaviour_logprobs"] - old).abs()

@@ -21,11 +21,37 @@ differ anyway (bf16 kernels, another attention implementation). The weight
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from rlsys.algorithms.names import OFF_POLICY_CORRECTIONS
+from rlsys.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0  # exp() of a larger log-ratio overflows float32
+
+# A correction maps the (B, T-1) ratios w = pi_old / pi_behaviour, the mask of tokens over
+# the cap and the cap to per-token weights (None: no weighting).
+Correction = Callable[[np.ndarray, np.ndarray, float], "np.ndarray | None"]
+OFF_POLICY_CORRECTIONS: Registry[Correction] = Registry(
+    "off-policy correction", "algorithm.off_policy"
+)
+
+
+@OFF_POLICY_CORRECTIONS.register("none")
+def no_correction(ratio: np.ndarray, over: np.ndarray, cap: float) -> np.ndarray | None:
+    return None
+
+
+@OFF_POLICY_CORRECTIONS.register("tis")
+def truncated(ratio: np.ndarray, over: np.ndarray, cap: float) -> np.ndarray | None:
+    """Truncated importance sampling: ``min(w, cap)``."""
+    return np.minimum(ratio, cap)
+
+
+@OFF_POLICY_CORRECTIONS.register("decoupled")
+def decoupled(ratio: np.ndarray, over: np.ndarray, cap: float) -> np.ndarray | None:
+    """Decoupled PPO as in AReaL: ``w``, and 0 for tokens over the cap (rejected)."""
+    return np.where(over, 0.0, ratio)
 
 
 def importance_weights(
@@ -35,21 +61,16 @@ def importance_weights(
     mode: str,
     cap: float,
 ) -> tuple[np.ndarray | None, dict[str, float]]:
-    """(B, T-1) weights for ``mode`` (None for ``none``) and metrics over the masked tokens:
-    ``offpolicy/ratio_mean`` and ``ratio_max`` of ``w = pi_old / pi_behaviour``,
+    """(B, T-1) weights of correction ``mode`` of ``OFF_POLICY_CORRECTIONS`` (None for
+    ``none``) and metrics over the masked tokens: ``offpolicy/ratio_mean`` and ``ratio_max``
+    of ``w = pi_old / pi_behaviour``,
     ``offpolicy/capped_frac`` (tokens over ``cap``) and ``offpolicy/weight_mean``."""
-    if mode not in OFF_POLICY_CORRECTIONS:
-        raise ValueError(f"algorithm.off_policy={mode!r} is not one of {OFF_POLICY_CORRECTIONS}")
+    correction = OFF_POLICY_CORRECTIONS.get(mode)
     on = mask > 0
     log_ratio = np.clip(old_logprobs - behaviour_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = np.where(on, np.exp(log_ratio), 1.0).astype(np.float32)
     over = on & (ratio > cap)
-    if mode == "tis":
-        weights = np.minimum(ratio, cap)
-    elif mode == "decoupled":
-        weights = np.where(over, 0.0, ratio)
-    else:
-        weights = None
+    weights = correction(ratio, over, cap)
     metrics = {}
     if on.any():
         applied = weights if weights is not None else np.ones_like(ratio)

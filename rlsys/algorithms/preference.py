@@ -2,15 +2,27 @@
 
 Each takes one value per pair (chosen and rejected side, shape (P,)) and returns the loss
 per pair (P,) to be minimised plus detached per-pair metrics. ``rlsys.algorithms.objectives``
-spreads them over the pair's tokens for the learner backends.
+spreads them over the pair's tokens for the learner backends. ``PREFERENCE_LOSSES``
+(``dpo.loss``) holds the DPO variants.
+
+Torch is not imported here (tensor methods only): the config validates ``dpo.loss`` against
+``PREFERENCE_LOSSES`` without paying for torch.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from rlsys.algorithms.names import PREFERENCE_LOSSES
+from rlsys.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+
+def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``log sigmoid(x) = -log(1 + exp(-x))``, computed stably as ``-logaddexp(0, -x)``."""
+    return -(-x).logaddexp(x.new_zeros(()))
 
 
 def bradley_terry_loss(
@@ -25,15 +37,38 @@ def bradley_terry_loss(
     several comparisons per prompt simply lists them. Metrics: ``accuracy`` (chosen scored
     strictly higher), ``margin`` (r_chosen - r_rejected), ``chosen`` and ``rejected``."""
     margin = chosen - rejected
-    loss = -F.logsigmoid(margin)
-    with torch.no_grad():
-        metrics = {
-            "accuracy": (margin > 0).float(),
-            "margin": margin.detach(),
-            "chosen": chosen.detach(),
-            "rejected": rejected.detach(),
-        }
+    loss = -log_sigmoid(margin)
+    metrics = {
+        "accuracy": (margin > 0).float(),
+        "margin": margin.detach(),
+        "chosen": chosen.detach(),
+        "rejected": rejected.detach(),
+    }
     return loss, metrics
+
+
+# A DPO variant maps the log-ratio gap h (P,), beta and label_smoothing to the loss per pair.
+PreferenceLoss = Callable[["torch.Tensor", float, float], "torch.Tensor"]
+PREFERENCE_LOSSES: Registry[PreferenceLoss] = Registry("preference loss", "dpo.loss")
+
+
+@PREFERENCE_LOSSES.register("dpo")
+def dpo(h: torch.Tensor, beta: float, label_smoothing: float) -> torch.Tensor:
+    """``-log sigmoid(beta h)`` (Rafailov et al. 2023, eq. 7)."""
+    return -log_sigmoid(beta * h)
+
+
+@PREFERENCE_LOSSES.register("cdpo")
+def cdpo(h: torch.Tensor, beta: float, label_smoothing: float) -> torch.Tensor:
+    """Conservative DPO: ``-(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h)``."""
+    eps = label_smoothing
+    return -(1.0 - eps) * log_sigmoid(beta * h) - eps * log_sigmoid(-beta * h)
+
+
+@PREFERENCE_LOSSES.register("ipo")
+def ipo(h: torch.Tensor, beta: float, label_smoothing: float) -> torch.Tensor:
+    """IPO: ``(h - 1 / (2 beta))^2``."""
+    return (h - 1.0 / (2.0 * beta)) ** 2
 
 
 def dpo_loss(
@@ -62,25 +97,19 @@ def dpo_loss(
     implementations average over tokens. Metrics: the implicit rewards
     ``beta (log pi - log ref)`` of each side (``reward_chosen``, ``reward_rejected``), their
     ``margin`` and ``accuracy`` (margin > 0)."""
-    if variant not in PREFERENCE_LOSSES:
-        raise ValueError(f"dpo.loss={variant!r} is not one of {list(PREFERENCE_LOSSES)}")
+    variant_loss = PREFERENCE_LOSSES.get(variant)
     if beta <= 0:
         raise ValueError(f"dpo.beta={beta} must be positive")
     chosen_ratio = policy_chosen - ref_chosen
     rejected_ratio = policy_rejected - ref_rejected
     h = chosen_ratio - rejected_ratio
-    if variant == "ipo":
-        loss = (h - 1.0 / (2.0 * beta)) ** 2
-    else:
-        eps = label_smoothing if variant == "cdpo" else 0.0
-        loss = -(1.0 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
-    with torch.no_grad():
-        metrics = {
-            "reward_chosen": beta * chosen_ratio.detach(),
-            "reward_rejected": beta * rejected_ratio.detach(),
-            "margin": beta * h.detach(),
-            "accuracy": (h > 0).float(),
-        }
+    loss = variant_loss(h, beta, label_smoothing)
+    metrics = {
+        "reward_chosen": beta * chosen_ratio.detach(),
+        "reward_rejected": beta * rejected_ratio.detach(),
+        "margin": beta * h.detach(),
+        "accuracy": (h > 0).float(),
+    }
     return loss, metrics
 
 

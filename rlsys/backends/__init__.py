@@ -1,14 +1,43 @@
-"""Training backends of a learner rank: FSDP2 and DeepSpeed ZeRO, on a shared base."""
+"""Training backends of a learner rank: FSDP2 and DeepSpeed ZeRO, on a shared base.
+
+``BACKENDS`` (``learner.backend`` / ``critic.backend``) maps each name to a builder that
+imports its backend module only when called (they import torch and deepspeed), so the config
+can validate names cheaply. A builder takes the learner config, ``TrainingBackend``'s
+leading arguments (``common`` in ``build_backend``) and ``trainable``; export.py's
+``CHECKPOINT_READERS`` reads each backend's checkpoints offline.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rlsys.registry import Registry
 
 if TYPE_CHECKING:
     import torch
 
     from rlsys.backends.base import TrainingBackend
     from rlsys.config.learner import LearnerConfig
+
+Builder = Callable[..., "TrainingBackend"]
+BACKENDS: Registry[Builder] = Registry("training backend", "learner.backend")
+
+
+@BACKENDS.register("fsdp2")
+def _fsdp2(cfg: LearnerConfig, *common: Any, trainable: bool = True) -> TrainingBackend:
+    from rlsys.backends.fsdp import FSDP2Backend
+
+    return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile, trainable=trainable)
+
+
+@BACKENDS.register("deepspeed")
+def _deepspeed(cfg: LearnerConfig, *common: Any, trainable: bool = True) -> TrainingBackend:
+    from rlsys.backends.deepspeed import DeepSpeedBackend
+
+    return DeepSpeedBackend(
+        *common, cfg.mixed_precision, cfg.compile, trainable=trainable, zero=cfg.deepspeed
+    )
 
 
 def build_backend(
@@ -23,12 +52,4 @@ def build_backend(
     """This rank's backend as ``cfg.backend`` names it (after ``init_process_group``);
     ``trainable=False``: forward passes only, no optimizer (the reference policy)."""
     common = (model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role)
-    if cfg.backend == "deepspeed":
-        from rlsys.backends.deepspeed import DeepSpeedBackend
-
-        return DeepSpeedBackend(
-            *common, cfg.mixed_precision, cfg.compile, trainable, zero=cfg.deepspeed
-        )
-    from rlsys.backends.fsdp import FSDP2Backend
-
-    return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile, trainable)
+    return BACKENDS.get(cfg.backend)(cfg, *common, trainable=trainable)

@@ -3,13 +3,21 @@ no torch.distributed, no Ray (e.g. on a login node after the run)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from rlsys.backends import checkpoint as ckpt
+from rlsys.registry import Registry
+
+# Per backend (the name in the checkpoint's backend_info.json, as in BACKENDS): the full model
+# tensors of a checkpoint directory, read in this one process.
+Reader = Callable[[Path], dict[str, torch.Tensor]]
+CHECKPOINT_READERS: Registry[Reader] = Registry("backend checkpoint reader", "learner.backend")
 
 
+@CHECKPOINT_READERS.register("fsdp2")
 def _dcp_model_state(root: Path) -> dict[str, torch.Tensor]:
     """The full model tensors of an FSDP2 (DCP) checkpoint, read without a process group."""
     from torch.distributed.checkpoint import FileSystemReader
@@ -26,6 +34,7 @@ def _dcp_model_state(root: Path) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
+@CHECKPOINT_READERS.register("deepspeed")
 def _zero_model_state(root: Path) -> dict[str, torch.Tensor]:
     """The fp32 master weights of a DeepSpeed ZeRO-2/3 checkpoint, merged from its shards."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -34,9 +43,6 @@ def _zero_model_state(root: Path) -> dict[str, torch.Tensor]:
 
     ckpt.check_deepspeed_files(root / DS_DIR / DS_TAG)
     return get_fp32_state_dict_from_zero_checkpoint(str(root / DS_DIR), tag=DS_TAG)
-
-
-_READERS = {"fsdp2": _dcp_model_state, "deepspeed": _zero_model_state}
 
 
 def export_hf(checkpoint_dir: str, out_dir: str) -> None:
@@ -54,12 +60,12 @@ def export_hf(checkpoint_dir: str, out_dir: str) -> None:
             f"backend checkpoint {root} holds a {info.get('role')!r} model; export_hf exports "
             "a policy checkpoint (the run's policy/ directory), not a critic's"
         )
-    reader = _READERS.get(info.get("backend"))
-    if reader is None:
+    if info.get("backend") not in CHECKPOINT_READERS:
         raise ckpt.BackendCheckpointError(
             f"backend checkpoint {root} names backend {info.get('backend')!r}, not one of "
-            f"{sorted(_READERS)}; pass a directory a learner's save_checkpoint wrote"
+            f"{CHECKPOINT_READERS.names()}; pass a directory a learner's save_checkpoint wrote"
         )
+    reader = CHECKPOINT_READERS.get(info["backend"])
     try:
         state = reader(root)
     except ckpt.BackendCheckpointError:

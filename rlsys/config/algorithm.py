@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlsys.algorithms import names
+from rlsys.algorithms.kl import KL_ESTIMATORS
+from rlsys.algorithms.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
+
+KL_PENALTIES = ("loss", "reward")  # where the KL term goes: a mode of the recipe, not a plug-in
 
 
 @dataclass
@@ -34,7 +37,7 @@ class AlgorithmConfig:
     # seq_mean_token_mean | seq_sum_norm (Dr.GRPO: token sum / loss_agg_norm, mean over sequences)
     loss_agg: str = "token_mean"
     loss_agg_norm: int | None = None  # seq_sum_norm's constant; null: the task's max_new_tokens
-    kl_coef: float = 0.0  # > 0 starts a reference worker and penalises KL(policy || reference)
+    kl_coef: float = 0.0  # > 0 starts the reference group and penalises KL(policy || reference)
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's low-variance estimator)
     kl_penalty: str = "loss"  # "loss": a loss term; "reward": subtracted from token rewards
     kl_target: float | None = None  # adaptive coefficient (Ziegler 2019): target KL per sequence
@@ -60,22 +63,30 @@ class AlgorithmConfig:
     off_policy_cap: float = 2.0  # the importance-weight bound of tis / decoupled (>= 1)
 
     def __post_init__(self) -> None:
-        one_of("algorithm.advantage", self.advantage, names.ADVANTAGE_ESTIMATORS)
-        one_of("algorithm.policy_loss", self.policy_loss, names.POLICY_LOSSES)
-        one_of("algorithm.loss_agg", self.loss_agg, names.LOSS_AGGREGATIONS)
-        one_of("algorithm.kl_estimator", self.kl_estimator, names.KL_ESTIMATORS)
-        one_of("algorithm.kl_penalty", self.kl_penalty, names.KL_PENALTIES)
-        one_of("algorithm.off_policy", self.off_policy, names.OFF_POLICY_CORRECTIONS)
+        # imported here, not with the config: these two registries' modules import numpy
+        from rlsys.algorithms.estimators import ADVANTAGES
+        from rlsys.algorithms.offpolicy import OFF_POLICY_CORRECTIONS
+
+        ADVANTAGES.check(self.advantage)
+        POLICY_LOSSES.check(self.policy_loss)
+        LOSS_AGGREGATIONS.check(self.loss_agg)
+        KL_ESTIMATORS.check(self.kl_estimator)
+        one_of("algorithm.kl_penalty", self.kl_penalty, KL_PENALTIES)
+        OFF_POLICY_CORRECTIONS.check(self.off_policy)
         if self.off_policy_cap < 1:
             raise ConfigError(
                 f"algorithm.off_policy_cap={self.off_policy_cap} must be >= 1 (2.0 is usual): "
                 "a cap below 1 down-weights on-policy tokens"
             )
-        if self.kl_coef > 0 and self.kl_penalty == "loss" and self.kl_estimator == "k1":
+        if (
+            self.kl_coef > 0
+            and self.kl_penalty == "loss"
+            and KL_ESTIMATORS.trait(self.kl_estimator, "zero_mean_grad")
+        ):
             raise ConfigError(
-                "algorithm.kl_estimator=k1 as a loss term has a zero-mean gradient (it only adds "
-                "noise); use algorithm.kl_estimator=k2 (gradient of KL(policy || reference)) or "
-                "k3, or algorithm.kl_penalty=reward"
+                f"algorithm.kl_estimator={self.kl_estimator} as a loss term has a zero-mean "
+                "gradient (it only adds noise); use algorithm.kl_estimator=k2 (gradient of "
+                "KL(policy || reference)) or k3, or algorithm.kl_penalty=reward"
             )
         positive("algorithm.clip_eps", self.clip_eps)
         if self.clip_eps_high is not None:
@@ -84,10 +95,11 @@ class AlgorithmConfig:
             raise ConfigError(
                 f"algorithm.dual_clip={self.dual_clip} must be > 1 (3.0 is usual) or null"
             )
-        if self.dual_clip is not None and self.policy_loss != "ppo_clip":
+        if self.dual_clip is not None and not POLICY_LOSSES.trait(self.policy_loss, "dual_clip"):
             raise ConfigError(
-                f"algorithm.dual_clip applies to algorithm.policy_loss=ppo_clip, not "
-                f"{self.policy_loss}; set algorithm.dual_clip=null"
+                f"algorithm.dual_clip applies to algorithm.policy_loss="
+                f"{' or '.join(POLICY_LOSSES.names(dual_clip=True))}, not {self.policy_loss}; "
+                "set algorithm.dual_clip=null"
             )
         if not 0 < self.gamma <= 1:
             raise ConfigError(f"algorithm.gamma={self.gamma} must be in (0, 1]")
@@ -128,4 +140,19 @@ class AlgorithmConfig:
     @property
     def uses_critic(self) -> bool:
         """Whether the estimator needs a value model."""
-        return self.advantage in names.NEEDS_CRITIC
+        from rlsys.algorithms.estimators import ADVANTAGES
+
+        return ADVANTAGES.trait(self.advantage, "needs_critic")
+
+    @property
+    def compares_group(self) -> bool:
+        """Whether the estimator compares the samples of a prompt (rollout.n_samples >= 2)."""
+        from rlsys.algorithms.estimators import ADVANTAGES
+
+        return ADVANTAGES.trait(self.advantage, "group")
+
+    @property
+    def has_ratio(self) -> bool:
+        """Whether the policy loss has an importance ratio (several optimizer steps per batch
+        and stale samples stay correct)."""
+        return POLICY_LOSSES.trait(self.policy_loss, "ratio")

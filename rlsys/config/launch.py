@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.checks import non_negative, positive
 from rlsys.config.kuberay import KubeRayConfig
 from rlsys.config.slurm import SlurmConfig
-
-LAUNCHERS = ("local", "ray_job", "kuberay", "slurm")
 
 
 @dataclass
@@ -54,5 +52,7 @@ class LauncherConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def __post_init__(self) -> None:
-        one_of("launcher.kind", self.kind, LAUNCHERS)
+        from rlsys.launch import LAUNCHERS  # here: the launchers import the config
+
+        LAUNCHERS.check(self.kind)
         positive("launcher.command_timeout_s", self.command_timeout_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlsys.backends import BACKENDS
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
 
@@ -36,7 +37,6 @@ class OptimConfig:
             )
 
 
-BACKENDS = ("fsdp2", "deepspeed")
 MIXED_PRECISION = ("bfloat16",)  # float16 would need loss scaling
 ZERO_STAGES = (2, 3)
 
@@ -92,7 +92,7 @@ class LearnerConfig:
 
     def check(self, prefix: str) -> None:
         """Validate, naming keys under ``prefix`` (learner, or critic for a value model)."""
-        one_of(f"{prefix}.backend", self.backend, BACKENDS)
+        BACKENDS.check(self.backend, key=f"{prefix}.backend")
         positive(f"{prefix}.world_size", self.world_size)
         positive(f"{prefix}.num_cpus_per_rank", self.num_cpus_per_rank)
         non_negative(f"{prefix}.num_gpus_per_rank", self.num_gpus_per_rank)

@@ -11,17 +11,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from rlsys.algorithms import names
+from rlsys.backends import BACKENDS
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.elastic import ElasticConfig
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.launch import LauncherConfig
-from rlsys.config.learner import BACKENDS, CriticConfig, LearnerConfig
+from rlsys.config.learner import CriticConfig, LearnerConfig
 from rlsys.config.preference import DPOConfig, PreferenceDataConfig, RMConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 from rlsys.config.reward import RewardConfig
+from rlsys.engines import ENGINES
+from rlsys.weight_sync import TRANSPORTS
 
 
 @dataclass
@@ -231,7 +233,7 @@ class RolloutConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)  # resize the pool mid-run
 
     def __post_init__(self) -> None:
-        one_of("rollout.engine", self.engine, ("hf", "vllm"))
+        ENGINES.check(self.engine)
         positive("rollout.num_workers", self.num_workers)
         positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
         non_negative("rollout.num_gpus_per_worker", self.num_gpus_per_worker)
@@ -275,7 +277,7 @@ class ReferenceConfig:
     def __post_init__(self) -> None:
         positive("reference.world_size", self.world_size)
         if self.backend is not None:
-            one_of("reference.backend", self.backend, BACKENDS)
+            BACKENDS.check(self.backend, key="reference.backend")
         positive("reference.num_cpus", self.num_cpus)
         non_negative("reference.num_gpus", self.num_gpus)
 
@@ -331,7 +333,7 @@ class WeightSyncConfig:
     timeout_s: float = 600.0  # a sync group member waiting longer than this fails the run
 
     def __post_init__(self) -> None:
-        one_of("weight_sync.transport", self.transport, ("object_store", "collective", "cuda_ipc"))
+        TRANSPORTS.check(self.transport)
         positive("weight_sync.bucket_mb", self.bucket_mb)
         one_of("weight_sync.cpu_data_plane", self.cpu_data_plane, ("auto", "shm", "gloo"))
         positive("weight_sync.timeout_s", self.timeout_s)
@@ -507,17 +509,17 @@ class TrainConfig:
                 "ties with itself); set algorithm.filter_uniform_groups=false or "
                 "rollout.n_samples=2 or more"
             )
-        if algo.policy_loss == "vanilla" and (
+        if not algo.has_ratio and (
             self.learner.ppo_epochs > 1 or self.learner.num_mini_batches > 1
         ):
             raise ConfigError(
-                "algorithm.policy_loss=vanilla has no importance ratio, so only its first "
+                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so only its first "
                 "optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
                 "learner.num_mini_batches=1, or use algorithm.policy_loss=ppo_clip"
             )
-        if algo.policy_loss == "vanilla" and self.buffer.max_staleness > 0:
+        if not algo.has_ratio and self.buffer.max_staleness > 0:
             raise ConfigError(
-                f"algorithm.policy_loss=vanilla has no importance ratio, so it cannot learn "
+                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so it cannot learn "
                 f"from buffer.max_staleness={self.buffer.max_staleness} versions old samples; "
                 "set buffer.max_staleness=0 or algorithm.policy_loss=ppo_clip"
             )
@@ -532,7 +534,7 @@ class TrainConfig:
                 f"critic.pretrain_steps={self.critic.pretrain_steps} leaves no policy steps in "
                 f"trainer.total_steps={self.trainer.total_steps}; lower critic.pretrain_steps"
             )
-        if algo.advantage in names.GROUP_ESTIMATORS and self.rollout.n_samples < 2:
+        if algo.compares_group and self.rollout.n_samples < 2:
             raise ConfigError(
                 f"rollout.n_samples={self.rollout.n_samples}: algorithm.advantage="
                 f"{self.algorithm.advantage} compares the samples of a prompt and needs at "

@@ -1,7 +1,8 @@
 """Rollout engines (learner code never imports these).
 
-Every engine is built as ``ENGINES.get(name)(model_path, dtype, rollout_cfg, device)`` and offers
-``generate``, ``update_weights``, ``sleep``, ``wake``, ``abort`` and a ``version`` attribute.
+Every engine is built as ``ENGINES.get(name)(model_path, dtype, rollout_cfg, device)`` and is a
+``RolloutEngine`` (``rlsys/engines/base.py``): ``generate``, ``update_weights``, ``sleep``,
+``wake``, ``abort`` and a ``version`` attribute.
 """
 
 from rlsys.registry import Registry

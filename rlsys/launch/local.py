@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-from rlsys.config.errors import ConfigError
 from rlsys.config.schema import ClusterConfig, TrainConfig
 from rlsys.launch.base import LAUNCHERS, LaunchError, run_overrides, shell_join
 from rlsys.placement import Roles, check_fits, custom_resources_needed, wants_gpus
@@ -38,15 +37,9 @@ def preflight(cfg: TrainConfig, roles: Roles) -> None:
     for key, name in [("task.reward", cfg.task.reward)] + [
         (f"reward.extra.{n}", n) for n in cfg.reward.extra
     ]:
-        if name not in REWARDS.names():
-            raise ConfigError(
-                f"{key}={name!r} is not a known reward function; use one of {REWARDS.names()}"
-            )
-    if cfg.task.env.name is not None and cfg.task.env.name not in ENVS.names():
-        raise ConfigError(
-            f"task.env.name={cfg.task.env.name!r} is not a known environment; use one of "
-            f"{ENVS.names()}"
-        )
+        REWARDS.check(name, key)
+    if cfg.task.env.name is not None:
+        ENVS.check(cfg.task.env.name)
     components_from_config(cfg.task.reward, cfg.reward)
     if cfg.cluster.address is not None:
         return

@@ -21,12 +21,13 @@ class RewardFn(Protocol):
     def __call__(self, prompt: str, completion: str, metadata: dict) -> float | dict: ...
 
 
-REWARDS: Registry = Registry("reward function", "task.reward / reward.extra")
+REWARDS: Registry = Registry("reward function", "task.reward")
 
 
-def build_reward(name: str, cfg) -> RewardFn:
-    """The reward registered as ``name``, built from ``cfg`` (a ``RewardConfig``) if it
-    needs settings."""
+def build_reward(name: str, cfg, key: str = "task.reward") -> RewardFn:
+    """The reward registered as ``name`` (the value of config key ``key``), built from ``cfg``
+    (a ``RewardConfig``) if it needs settings."""
+    REWARDS.check(name, key)
     item = REWARDS.get(name)
     return item.from_config(cfg) if hasattr(item, "from_config") else item
 

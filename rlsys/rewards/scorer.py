@@ -34,7 +34,9 @@ def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Componen
     verifier = load_user_reward(cfg.fn) if cfg.fn else build_reward(task_reward, cfg)
     components = [Component(verifier_name(task_reward, cfg), verifier, cfg.weight, True)]
     for name, weight in cfg.extra.items():
-        components.append(Component(name, build_reward(name, cfg), float(weight)))
+        components.append(
+            Component(name, build_reward(name, cfg, f"reward.extra.{name}"), float(weight))
+        )
     return components
 
 

@@ -1,23 +1,42 @@
-"""Weight transports from learners to rollout engines (``weight_sync.transport``)."""
+"""Weight transports from learners to rollout engines (``weight_sync.transport``).
+
+``TRANSPORTS`` maps each name to a builder ``(WeightSyncConfig) -> WeightTransport`` that
+imports its transport module only when called (they import torch and Ray), so the config can
+validate names cheaply. The shared types live in ``rlsys.weight_sync.base``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rlsys.registry import Registry
-from rlsys.weight_sync.base import Bucket, SendResult, SyncAddress, WeightTransport, WeightUpdate
-from rlsys.weight_sync.collective import CollectiveTransport, CudaIpcTransport
-from rlsys.weight_sync.object_store import ObjectStoreTransport
 
-TRANSPORTS: Registry = Registry("weight transport", "weight_sync.transport")
-TRANSPORTS.register("object_store")(ObjectStoreTransport)
-TRANSPORTS.register("collective")(CollectiveTransport)
-TRANSPORTS.register("cuda_ipc")(CudaIpcTransport)
+if TYPE_CHECKING:
+    from rlsys.config.schema import WeightSyncConfig
+    from rlsys.weight_sync.base import WeightTransport
 
-__all__ = [
-    "TRANSPORTS",
-    "Bucket",
-    "CollectiveTransport",
-    "CudaIpcTransport",
-    "ObjectStoreTransport",
-    "SendResult",
-    "SyncAddress",
-    "WeightTransport",
-    "WeightUpdate",
-]
+TRANSPORTS: Registry[Callable[..., WeightTransport]] = Registry(
+    "weight transport", "weight_sync.transport"
+)
+
+
+@TRANSPORTS.register("object_store")
+def _object_store(cfg: WeightSyncConfig) -> WeightTransport:
+    from rlsys.weight_sync.object_store import ObjectStoreTransport
+
+    return ObjectStoreTransport(cfg)
+
+
+@TRANSPORTS.register("collective")
+def _collective(cfg: WeightSyncConfig) -> WeightTransport:
+    from rlsys.weight_sync.collective import CollectiveTransport
+
+    return CollectiveTransport(cfg)
+
+
+@TRANSPORTS.register("cuda_ipc")
+def _cuda_ipc(cfg: WeightSyncConfig) -> WeightTransport:
+    from rlsys.weight_sync.collective import CudaIpcTransport
+
+    return CudaIpcTransport(cfg)

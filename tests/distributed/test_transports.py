@@ -15,8 +15,8 @@ import torch
 import torch.multiprocessing as mp
 
 from rlsys.config.schema import WeightSyncConfig
-from rlsys.weight_sync import TRANSPORTS, SyncAddress, WeightUpdate
-from rlsys.weight_sync.base import bucket_bytes, bucketize
+from rlsys.weight_sync import TRANSPORTS
+from rlsys.weight_sync.base import SyncAddress, WeightUpdate, bucket_bytes, bucketize
 
 LIMIT = 4096  # bytes per bucket
 

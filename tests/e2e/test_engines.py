@@ -20,7 +20,8 @@ from rlsys.data.collate import pack
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.models.logprobs import token_logprobs
 from rlsys.types import SamplingParams
-from rlsys.weight_sync import TRANSPORTS, SendResult, SyncAddress, WeightUpdate
+from rlsys.weight_sync import TRANSPORTS
+from rlsys.weight_sync.base import SendResult, SyncAddress, WeightUpdate
 from rlsys.weight_sync.object_store import encode
 from rlsys.workers.rollout import RolloutWorker
 

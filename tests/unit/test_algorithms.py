@@ -24,7 +24,6 @@ from rlsys.algorithms.losses import (
     ppo_clip_loss,
     value_loss,
 )
-from rlsys.algorithms.names import ADVANTAGE_ESTIMATORS
 from rlsys.algorithms.objectives import PolicyObjective, ValueObjective
 from rlsys.algorithms.offpolicy import importance_weights
 from rlsys.algorithms.shaping import overlong_buffer_len, overlong_penalty
@@ -140,8 +139,19 @@ def test_gae_skips_environment_tokens_and_ignores_padding():
     assert adv[0, [0, 2, 5]].tolist() == [0, 0, 0] and ret[0, [0, 2, 5]].tolist() == [0, 0, 0]
 
 
-def test_every_schema_estimator_is_registered():
-    assert sorted(ADVANTAGE_ESTIMATORS) == ADVANTAGES.names()
+def test_the_builtin_estimators_are_registered_with_their_traits():
+    assert ADVANTAGES.names() == [
+        "dr_grpo",
+        "gae",
+        "grpo",
+        "reinforce_pp",
+        "reinforce_pp_baseline",
+        "remax",
+        "rloo",
+    ]
+    assert ADVANTAGES.names(group=True) == ["dr_grpo", "grpo", "reinforce_pp_baseline", "rloo"]
+    assert ADVANTAGES.names(needs_critic=True) == ["gae"]
+    assert ADVANTAGES.names(greedy_baseline=True) == ["remax"]
 
 
 def test_outcome_estimators_add_the_kl_penalty_reward_to_go():
@@ -299,7 +309,7 @@ def _masks(draw_rows: int, draw_cols: int):
 @given(
     rows=st.integers(1, 6),
     cols=st.integers(1, 7),
-    mode=st.sampled_from(LOSS_AGGREGATIONS),
+    mode=st.sampled_from(LOSS_AGGREGATIONS.names()),
     shards=st.integers(1, 4),
     seed=st.integers(0, 10_000),
 )
@@ -463,6 +473,7 @@ def test_policy_objective_weights_only_the_policy_gradient_term():
         "old_logprobs": torch.tensor([[-1.0, -2.0]]),
         "advantages": torch.tensor([[1.0, -1.0]]),
         "ref_logprobs": torch.tensor([[-1.5, -2.0]]),
+        "loss_mask": torch.ones(1, 2),  # every policy loss may read it (gspo does)
     }
     objective = PolicyObjective(kl_coef=0.1, kl_estimator="k2")
     plain, _ = objective({"logprobs": logprobs}, batch)

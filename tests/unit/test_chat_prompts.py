@@ -84,7 +84,7 @@ def test_for_task_takes_the_reward_from_the_task(chat_tokenizer):
     collector = _collector(chat_tokenizer, reward="last_number")
     [verifier] = collector.scorer.components
     assert verifier.fn is REWARDS.get("last_number") and verifier.verdict
-    with pytest.raises(KeyError, match="task.reward"):
+    with pytest.raises(ConfigError, match="task.reward"):
         _collector(chat_tokenizer, reward="nope")
 
 

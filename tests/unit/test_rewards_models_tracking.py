@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrackingConfig
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.rewards import REWARDS, score
@@ -23,7 +24,7 @@ def test_builtin_verifiers():
     last = REWARDS.get("last_number")
     assert last("q", "first 3, then 1,024", {"answer": "1024"}) == 1.0
     assert last("q", "no digits", {"answer": "1"}) == 0.0
-    with pytest.raises(KeyError, match="task.reward"):
+    with pytest.raises(ConfigError, match="task.reward"):
         REWARDS.get("nope")
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlsys.algorithms.names import NEEDS_GREEDY_BASELINE
+from rlsys.algorithms.estimators import ADVANTAGES
 from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
 from rlsys.buffer import StreamingBuffer, has_reward_variance
@@ -173,7 +173,7 @@ class Controller(Recoverable, Elastic):
             self.sampling,
             prompts_per_request=cfg.rollout.prompts_per_request,
             seed=cfg.run.seed * 1_000_003,
-            greedy_baseline=algo.advantage in NEEDS_GREEDY_BASELINE,
+            greedy_baseline=ADVANTAGES.trait(algo.advantage, "greedy_baseline"),
             partial=cfg.rollout.partial_rollouts,
             replace_worker=self._replace_rollout_worker,
             episodes=self.collector.episodes,
@@ -321,7 +321,7 @@ class Controller(Recoverable, Elastic):
 
     def _greedy_baseline(self, groups: list[RolloutGroup]) -> np.ndarray | None:
         """ReMax's baseline: the (shaped) reward of each prompt's greedy reply, per sample."""
-        if self.cfg.algorithm.advantage not in NEEDS_GREEDY_BASELINE:
+        if not ADVANTAGES.trait(self.cfg.algorithm.advantage, "greedy_baseline"):
             return None
         return np.array([g.baseline.reward for g in groups for _ in g.samples], dtype=np.float32)
 
