@@ -262,7 +262,7 @@ def train(cfg: TrainConfig) -> Path:
         )
         resumed_from = None
         if resume is not None:
-            resumed_from = controller.restore_newest(candidates)
+            resumed_from = controller.recovery.restore_newest(candidates)
         stopped_by: list[str] = []
         with _on_stop_signals(controller.preempt, stopped_by):
             summary = controller.run()

@@ -43,7 +43,7 @@ def main() -> int:
     from rlsys.pools import start_pools
     from rlsys.run.tracking import Tracker
     from rlsys.runtime import quiet_libraries
-    from rlsys.trainers.rl.controller import Controller
+    from rlsys.trainers.rl.controller import Controller, setup_frozen
 
     quiet_libraries()
     roles = Roles.for_rl(cfg)
@@ -59,14 +59,15 @@ def main() -> int:
         tracker = Tracker(Path(tmp), TrackingConfig(console=False), "bench", {})
         controller = Controller(cfg, pools, tokenizer, task, tracker)
         records = []
-        controller.pipeline.start()
-        try:
-            for step in range(1, args.warmup + args.steps + 1):
-                metrics = controller.step(step)
-                if step > args.warmup:
-                    records.append(metrics)
-        finally:
-            controller.pipeline.stop()
+        with setup_frozen():  # as Controller.run trains
+            controller.state.pipeline.start()
+            try:
+                for step in range(1, args.warmup + args.steps + 1):
+                    metrics = controller.step(step)
+                    if step > args.warmup:
+                        records.append(metrics)
+            finally:
+                controller.state.pipeline.stop()
             tracker.close()
             pools.shutdown()
     for record in records:  # what the stages do not explain: queues, Ray calls, batching

@@ -170,9 +170,15 @@ class LearnerGroup:
             ]
         )
 
+    def _fan_out(self, batch: TrainBatch) -> list[tuple]:
+        """(rank, what to pass it) for a call on ``batch``: put once in the object store for
+        several ranks; passed inline to a single rank (the scoring loop calls a one-rank
+        reference per group, and a put cost it about 2 ms of each 6 ms call)."""
+        ref = batch if len(self.workers) == 1 else ray.put(batch)
+        return [(w, ref) for w in self.workers]
+
     def _gather_rows(self, method: str, batch: TrainBatch, dtype, shape=None) -> np.ndarray:
-        ref = ray.put(batch)
-        parts = get_all([getattr(w, method).remote(ref) for w in self.workers])
+        parts = get_all([getattr(w, method).remote(ref) for w, ref in self._fan_out(batch)])
         out = np.zeros(batch.loss_mask.shape if shape is None else shape, dtype=dtype)
         for rows, values in parts:
             if len(rows):
@@ -219,9 +225,11 @@ class LearnerGroup:
                 "old_logprobs (forward_logprobs before training): only a single optimizer step "
                 "can take them from its own training pass"
             )
-        ref = ray.put(batch)
         metrics = get_all(
-            [w.train_step.remote(ref, objective, mini, epochs, seed) for w in self.workers]
+            [
+                w.train_step.remote(ref, objective, mini, epochs, seed)
+                for w, ref in self._fan_out(batch)
+            ]
         )
         return metrics[0]
 

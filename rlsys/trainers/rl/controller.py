@@ -32,12 +32,12 @@ this step's training (one-step-off); more is fully asynchronous.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import math
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,23 +46,39 @@ from rlsys.algorithms.estimators import ADVANTAGES
 from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
 from rlsys.buffer import StreamingBuffer, has_reward_variance
-from rlsys.checkpoint import CheckpointStore, step_of
+from rlsys.checkpoint import CheckpointStore
 from rlsys.config.schema import TrainConfig
 from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
-from rlsys.faults import Restarts, nonfinite_streak
+from rlsys.faults import nonfinite_streak
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.rl.collector import RolloutCollector
-from rlsys.trainers.rl.recovery import Recoverable
+from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.sample_metrics import episode_metrics, reward_component_metrics, sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan
-from rlsys.trainers.rl.scaling import Elastic
+from rlsys.trainers.rl.scaling import RolloutScaler
+from rlsys.trainers.rl.state import RunState
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def setup_frozen():
+    """Keep what exists now (imported libraries, configs, the tokenizer: the set-up, alive to
+    the end) out of the cyclic garbage collector while the run trains. A full collection over
+    it took 130-140 ms in the controller's process on this project's 2-core machine, and a
+    rollout loop waited through one mid-generation (``scripts/bench_step.py``). Garbage is
+    collected first, and the set-up goes back to the collector at the end."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class StageTimer:
@@ -78,23 +94,7 @@ class StageTimer:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
-@dataclass
-class RunTotals:
-    """Running totals for summary.json."""
-
-    steps: int = 0
-    samples: int = 0  # generated and scored
-    response_tokens: int = 0
-    eval_s: float = 0.0  # wall seconds spent evaluating (not counted in throughput)
-    eval_history: list[dict] = field(default_factory=list)
-    accuracy_before: float | None = None  # eval at step 0
-    train_wall_s: float = 0.0  # wall seconds of training before this process (resumed runs)
-    nonfinite_steps: int = 0  # steps with an optimizer step skipped for a non-finite value
-    nonfinite_run: int = 0  # of those, in a row up to the latest step
-    scale_events: list[dict] = field(default_factory=list)  # rollout pool resizes
-
-
-class Controller(Recoverable, Elastic):
+class Controller:
     """Drives the pools through ``trainer.total_steps`` RL steps (fewer if a budget ends
     the run). ``run_dir`` is where ``rlsys scale`` leaves resize requests (None: only the
     schedule resizes the rollout pool)."""
@@ -137,22 +137,31 @@ class Controller(Recoverable, Elastic):
         )
         self.pad_id = tokenizer.pad_token_id
         self.preempt = threading.Event()  # set (by a SIGTERM handler): checkpoint and stop
-        self.restarts = Restarts()
-        # Held from a policy update until its weights are in the engines, so a replaced
-        # rollout worker is sent weights that match the current version.
-        self._weights_lock = threading.RLock()
-        self._last_saved: Path | None = None
-        self.scale_plan = ScalePlan(cfg.rollout.elastic.schedule, run_dir)
-        self._rollout_target: int | None = None  # the size asked for; None: as started
+        self.state = RunState(*self._fresh_parts())
+        self.scaler = RolloutScaler(
+            cfg.rollout.elastic, pools, self.state, ScalePlan(cfg.rollout.elastic.schedule, run_dir)
+        )
+        self.recovery = Recovery(
+            cfg,
+            pools,
+            self.state,
+            checkpoints=checkpoints,
+            tracker=tracker,
+            recipe=self.recipe,
+            collector=self.collector,
+            scaler=self.scaler,
+            run_info=self.run_info,
+            reset=lambda: self.state.reset(*self._fresh_parts()),
+            new_learners=self._set_learning_rates,
+        )
         self._set_learning_rates()
-        self._reset()
 
-    def _reset(self) -> None:
-        """Fresh run state: buffer, sampler, loops, counters (then a checkpoint may load)."""
+    def _fresh_parts(self) -> tuple[StreamingBuffer, PromptSampler, Pipeline]:
+        """A run's fresh buffer, prompt sampler and pipeline of loops (for a new ``RunState``
+        or a ``reset`` before a checkpoint loads)."""
         cfg, algo = self.cfg, self.cfg.algorithm
         budget = cfg.trainer.max_samples
-        self.version = 0
-        self.buffer = StreamingBuffer(
+        buffer = StreamingBuffer(
             cfg.data.batch_size,
             cfg.rollout.n_samples,
             cfg.buffer.max_staleness,
@@ -161,7 +170,7 @@ class Controller(Recoverable, Elastic):
             max_groups=None if budget is None else math.ceil(budget / cfg.rollout.n_samples),
             max_steps=cfg.trainer.total_steps,
         )
-        self.sampler = PromptSampler(
+        sampler = PromptSampler(
             self.task.train, cfg.data.batch_size, cfg.data.shuffle, cfg.run.seed
         )
         rollout = RolloutSide(
@@ -175,7 +184,8 @@ class Controller(Recoverable, Elastic):
             seed=cfg.run.seed * 1_000_003,
             greedy_baseline=ADVANTAGES.trait(algo.advantage, "greedy_baseline"),
             partial=cfg.rollout.partial_rollouts,
-            replace_worker=self._replace_rollout_worker,
+            # late-bound: Recovery is built on the state these parts go into
+            replace_worker=lambda worker, exc: self.recovery.replace_rollout_worker(worker, exc),
             episodes=self.collector.episodes,
         )
         scoring = ScoringSide(
@@ -184,11 +194,7 @@ class Controller(Recoverable, Elastic):
             self._reference_logprobs if self.pools.reference is not None else None,
             self.pad_id,
         )
-        self.pipeline = Pipeline(self.buffer, self.sampler, rollout, scoring)
-        self.totals = RunTotals()
-        self._drawn = 0  # prompts drawn by the end of the previous step
-        self._filtered = 0  # samples filtered by the end of the previous step
-        self._clock = time.perf_counter()  # training time is counted from here
+        return buffer, sampler, Pipeline(buffer, sampler, rollout, scoring)
 
     # ---- the algorithm -------------------------------------------------------------------
 
@@ -207,9 +213,9 @@ class Controller(Recoverable, Elastic):
         timer = StageTimer()
         started = time.perf_counter()
         with timer("wait_for_batch"):
-            kept = self.buffer.take(self.cfg.data.batch_size)
-        self.pipeline.raise_if_failed()
-        if not kept and self.buffer.exhausted():
+            kept = self.state.buffer.take(self.cfg.data.batch_size)
+        self.state.pipeline.raise_if_failed()
+        if not kept and self.state.buffer.exhausted():
             return None
         if self.cfg.algorithm.dynamic_sampling and len(kept) < self.cfg.data.batch_size:
             log.warning(
@@ -225,7 +231,7 @@ class Controller(Recoverable, Elastic):
         if kept and self.tracker.samples_due(step):
             self.tracker.log_samples(step, sample_rows(kept, self.cfg.tracking.sample_table_rows))
         moved = False
-        with self._weights_lock:
+        with self.state.weights_lock:
             if kept:
                 batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
                 metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
@@ -244,8 +250,8 @@ class Controller(Recoverable, Elastic):
                 metrics.update(update)
             metrics.update(self._publish(moved, evaluate, timer))
         if hold:
-            self.buffer.pause()
-        self.buffer.step_done(self.version)
+            self.state.buffer.pause()
+        self.state.buffer.step_done(self.state.version)
         return self._perf_metrics(metrics, timer, time.perf_counter() - started)
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
@@ -287,9 +293,9 @@ class Controller(Recoverable, Elastic):
         """Count a step whose optimizer skipped a non-finite loss or gradient; stop the run
         after ``fault.max_nonfinite_steps`` of them in a row."""
         if not skipped:
-            self.totals.nonfinite_run = 0
+            self.state.totals.nonfinite_run = 0
             return
-        self.totals.nonfinite_steps += 1
+        self.state.totals.nonfinite_steps += 1
         limit = self.cfg.fault.max_nonfinite_steps
         log.warning(
             "step %d: %d optimizer step(s) skipped for a non-finite loss or gradient norm "
@@ -299,8 +305,8 @@ class Controller(Recoverable, Elastic):
             limit,
         )
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
-        self.totals.nonfinite_run = nonfinite_streak(
-            self.totals.nonfinite_run, skipped, limit, str(latest or "none saved yet")
+        self.state.totals.nonfinite_run = nonfinite_streak(
+            self.state.totals.nonfinite_run, skipped, limit, str(latest or "none saved yet")
         )
 
     def _publish(self, moved: bool, evaluate: bool, timer: StageTimer) -> dict[str, float]:
@@ -309,12 +315,12 @@ class Controller(Recoverable, Elastic):
         metrics: dict[str, float] = {}
         if not (moved or evaluate):
             return metrics
-        with self.pipeline.gate.shut() as waited_s:
+        with self.state.pipeline.gate.shut() as waited_s:
             timer.seconds["gate_wait"] = waited_s
             if moved:
-                self.version += 1
+                self.state.version += 1
                 with timer("weight_sync"):
-                    self.pools.sync_weights(self.version)
+                    self.pools.sync_weights(self.state.version)
             if evaluate:
                 metrics = self._timed_evaluate()
         return metrics
@@ -347,7 +353,7 @@ class Controller(Recoverable, Elastic):
         start = time.perf_counter()
         metrics = self.evaluate()
         metrics["time/eval"] = time.perf_counter() - start
-        self.totals.eval_s += metrics["time/eval"]
+        self.state.totals.eval_s += metrics["time/eval"]
         return metrics
 
     def _set_learning_rates(self) -> None:
@@ -369,38 +375,36 @@ class Controller(Recoverable, Elastic):
         """Evaluate (unless resumed); train until ``trainer.total_steps``, a budget or a
         SIGTERM (evaluating every K steps and at the end, checkpointing every
         ``checkpoint.every`` steps and at exit); check and report the sample accounting."""
-        if self.totals.accuracy_before is None:
-            self.totals.accuracy_before = self._log_eval(0, self._timed_evaluate())
-            self.totals.eval_s = 0.0
-            self._clock = time.perf_counter()
-        self._initial = self.state_dict()  # what a learner failure before any checkpoint restores
-        self.pipeline.start()
-        try:
-            self._train_loop()
-            if self.preempt.is_set():
-                log.warning("SIGTERM: stopping after step %d", self.totals.steps)
-            elif self.totals.eval_history[-1]["step"] != self.totals.steps:
-                with self.pipeline.gate.shut():
-                    self._log_eval(self.totals.steps, self._timed_evaluate())
-            saved = self._last_saved is not None and step_of(self._last_saved) == self.totals.steps
-            if self.checkpoints is not None and self.cfg.checkpoint.at_exit and not saved:
-                self.buffer.pause()
-                self.save_checkpoint()
-        finally:
-            self.pipeline.stop()
-        self.pipeline.raise_if_failed()
-        accounting = self.buffer.accounting()
+        if self.state.totals.accuracy_before is None:
+            self.state.totals.accuracy_before = self._log_eval(0, self._timed_evaluate())
+            self.state.totals.eval_s = 0.0
+            self.state.clock = time.perf_counter()
+        self.recovery.mark_start()
+        with setup_frozen():
+            self.state.pipeline.start()
+            try:
+                self._train_loop()
+                if self.preempt.is_set():
+                    log.warning("SIGTERM: stopping after step %d", self.state.totals.steps)
+                elif self.state.totals.eval_history[-1]["step"] != self.state.totals.steps:
+                    with self.state.pipeline.gate.shut():
+                        self._log_eval(self.state.totals.steps, self._timed_evaluate())
+                saved = self.recovery.saved_latest_step()
+                if self.checkpoints is not None and self.cfg.checkpoint.at_exit and not saved:
+                    self.state.buffer.pause()
+                    self.recovery.save_checkpoint()
+            finally:
+                self.state.pipeline.stop()
+        self.state.pipeline.raise_if_failed()
+        accounting = self.state.buffer.accounting()
         if not accounting["balanced"]:
             log.error("sample accounting does not balance (a bug; please report): %s", accounting)
-        return self._summary(self._elapsed(), accounting)
-
-    def _elapsed(self) -> float:
-        return self.totals.train_wall_s + time.perf_counter() - self._clock
+        return self._summary(self.state.elapsed(), accounting)
 
     def _train_loop(self) -> None:
         trainer, every = self.cfg.trainer, self.cfg.checkpoint.every
-        while self.totals.steps < trainer.total_steps and not self.preempt.is_set():
-            step = self.totals.steps + 1
+        while self.state.totals.steps < trainer.total_steps and not self.preempt.is_set():
+            step = self.state.totals.steps + 1
             evaluate = step == trainer.total_steps or bool(
                 trainer.eval_every and step % trainer.eval_every == 0
             )
@@ -408,20 +412,20 @@ class Controller(Recoverable, Elastic):
             try:
                 metrics = self.step(step, evaluate, hold=save)
             except Exception as exc:
-                if not self._recover(exc):
+                if not self.recovery.recover(exc):
                     raise
                 continue
             if metrics is None:
                 log.info("trainer.max_samples=%s issued and used: stopping", trainer.max_samples)
                 return
-            self.totals.steps = step
+            self.state.totals.steps = step
             if evaluate:
-                self.totals.eval_history.append({"step": step, **metrics})
+                self.state.totals.eval_history.append({"step": step, **metrics})
             self.tracker.log(step, metrics)
             if save:
-                self.save_checkpoint()
-            self._rescale(step)
-            stop = self._budget_spent(self._elapsed())
+                self.recovery.save_checkpoint()
+            self.scaler.after_step(step)
+            stop = self._budget_spent(self.state.elapsed())
             if stop and step < trainer.total_steps:
                 log.warning("%s reached at step %d: stopping", stop, step)
                 return
@@ -443,28 +447,31 @@ class Controller(Recoverable, Elastic):
         return self.pools.reference.forward_logprobs(batch)
 
     def _log_eval(self, step: int, metrics: dict[str, float]) -> float:
-        self.totals.eval_history.append({"step": step, **metrics})
+        self.state.totals.eval_history.append({"step": step, **metrics})
         self.tracker.log(step, metrics)
         return metrics["eval/accuracy"]
 
     def _rollout_metrics(self) -> dict[str, float]:
         """What the pipeline did since the previous step: groups scored (kept or not),
         prompts drawn, groups filtered, busy and idle time."""
-        groups, penalties, reference_s = self.pipeline.scoring.drain_window()
+        groups, penalties, reference_s = self.state.pipeline.scoring.drain_window()
         samples = [s for g in groups for s in g.samples]
         tokens = sum(len(s.completion.token_ids) for s in samples)
-        self.totals.samples += len(samples)
-        self.totals.response_tokens += tokens
+        self.state.totals.samples += len(samples)
+        self.state.totals.response_tokens += tokens
         batch, n = self.cfg.data.batch_size, self.cfg.rollout.n_samples
-        drawn, filtered = self.pipeline.prompts_drawn, self.buffer.stats.dropped_filtered
+        drawn, filtered = (
+            self.state.pipeline.prompts_drawn,
+            self.state.buffer.stats.dropped_filtered,
+        )
         out = {
-            "pool/rollout_workers": len(self.pipeline.rollouts),
-            "rollout/sampling_rounds": (drawn - self._drawn) / batch,
-            "rollout/groups_filtered": (filtered - self._filtered) / n,
+            "pool/rollout_workers": len(self.state.pipeline.rollouts),
+            "rollout/sampling_rounds": (drawn - self.state.drawn) / batch,
+            "rollout/groups_filtered": (filtered - self.state.filtered) / n,
             "rollout/reward_errors": float(self.collector.reward_errors),
-            **self.pipeline.pool_metrics(),
+            **self.state.pipeline.pool_metrics(),
         }
-        self._drawn, self._filtered = drawn, filtered
+        self.state.drawn, self.state.filtered = drawn, filtered
         if self.pools.reference is not None:
             out["time/reference"] = reference_s  # part of the scoring loop's busy time
             out["time/scoring"] -= reference_s
@@ -493,15 +500,15 @@ class Controller(Recoverable, Elastic):
         """The batch's staleness histogram and partial rollouts, the queue's depth."""
         out = {
             "buffer/groups_kept": len(kept),
-            "buffer/queue_groups": len(self.buffer),
-            "buffer/in_flight_groups": self.buffer.in_flight,
-            "buffer/dropped_stale": self.buffer.stats.dropped_stale,
-            "buffer/dropped_filtered": self.buffer.stats.dropped_filtered,
+            "buffer/queue_groups": len(self.state.buffer),
+            "buffer/in_flight_groups": self.state.buffer.in_flight,
+            "buffer/dropped_stale": self.state.buffer.stats.dropped_stale,
+            "buffer/dropped_filtered": self.state.buffer.stats.dropped_filtered,
         }
         samples = [s for g in kept for s in g.samples]
         if not samples:
             return out
-        lag = np.array([self.version - s.completion.version for s in samples])
+        lag = np.array([self.state.version - s.completion.version for s in samples])
         out["buffer/staleness_mean"] = float(lag.mean())
         out["buffer/staleness_max"] = int(lag.max())
         for k in range(self.cfg.buffer.max_staleness + 1):
@@ -537,7 +544,7 @@ class Controller(Recoverable, Elastic):
         if batch.returns is not None:
             out["critic/return_mean"] = float(batch.returns[mask].mean())
             out["critic/value_mean_before"] = float(batch.values[mask].mean())
-        out["policy/version"] = self.version + 1
+        out["policy/version"] = self.state.version + 1
         return out
 
     def _perf_metrics(self, metrics: dict, timer: StageTimer, step_s: float) -> dict[str, float]:
@@ -552,36 +559,36 @@ class Controller(Recoverable, Elastic):
         return metrics
 
     def _summary(self, wall: float, accounting: dict) -> dict:
-        train_wall = wall - self.totals.eval_s
+        train_wall = wall - self.state.totals.eval_s
         trained = accounting["samples_trained"]
         return {
-            "steps": self.totals.steps,
+            "steps": self.state.totals.steps,
             "wall_s": wall,
             "train_wall_s": train_wall,  # wall_s less evaluation
-            "samples": self.totals.samples,
-            "samples_per_s": self.totals.samples / train_wall if train_wall else 0.0,
+            "samples": self.state.totals.samples,
+            "samples_per_s": self.state.totals.samples / train_wall if train_wall else 0.0,
             "trained_samples_per_s": trained / train_wall if train_wall else 0.0,
-            "tokens_per_s": self.totals.response_tokens / train_wall if train_wall else 0.0,
+            "tokens_per_s": self.state.totals.response_tokens / train_wall if train_wall else 0.0,
             "max_staleness": self.cfg.buffer.max_staleness,
-            "eval_accuracy_before": self.totals.accuracy_before,
-            "eval_accuracy_after": self.totals.eval_history[-1]["eval/accuracy"],
+            "eval_accuracy_before": self.state.totals.accuracy_before,
+            "eval_accuracy_after": self.state.totals.eval_history[-1]["eval/accuracy"],
             "eval_num_prompts": min(self.cfg.eval.num_prompts, len(self.task.eval)),
             "eval_history": [
                 {"step": e["step"], "accuracy": e["eval/accuracy"]}
-                for e in self.totals.eval_history
+                for e in self.state.totals.eval_history
             ],
             "accounting": accounting,
-            "samples_dropped_filtered": self.buffer.stats.dropped_filtered,
-            "samples_dropped_stale": self.buffer.stats.dropped_stale,
-            "samples_continued": self.pipeline.samples_continued,
+            "samples_dropped_filtered": self.state.buffer.stats.dropped_filtered,
+            "samples_dropped_stale": self.state.buffer.stats.dropped_stale,
+            "samples_continued": self.state.pipeline.samples_continued,
             "reward_errors": self.collector.reward_errors,
             "prompts_skipped_too_long": self.collector.skipped_prompts,
-            "policy_version": self.version,
+            "policy_version": self.state.version,
             "preempted": self.preempt.is_set(),
-            "last_checkpoint": str(self._last_saved) if self._last_saved else None,
-            "restarts": dataclasses.asdict(self.restarts),
-            "nonfinite_steps": self.totals.nonfinite_steps,
-            "scale_events": self.totals.scale_events,
+            "last_checkpoint": str(self.recovery.last_saved) if self.recovery.last_saved else None,
+            "restarts": dataclasses.asdict(self.recovery.restarts),
+            "nonfinite_steps": self.state.totals.nonfinite_steps,
+            "scale_events": self.state.totals.scale_events,
         }
 
 

@@ -1,9 +1,10 @@
-"""The controller's checkpoint and recovery side: its state, saving and restoring it, and
-replacing worker processes that die.
+"""The RL run's checkpoint and recovery side: saving and restoring the run state, and
+replacing worker processes that die. Layout and behaviour: docs/checkpoints.md.
 
-A mixin of ``Controller`` (it uses the controller's pools, pipeline, buffer, sampler, recipe,
-collector, totals and tracker), kept apart so ``controller.py`` reads like the algorithm.
-Layout and behaviour: docs/checkpoints.md.
+``Recovery`` owns what that needs (the checkpoint store, the restart counts, the state a
+failure before any checkpoint goes back to) and works on the ``RunState`` it shares with
+the controller; its other collaborators are passed in, so ``controller.py`` reads like the
+algorithm.
 """
 
 from __future__ import annotations
@@ -11,61 +12,115 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from rlsys.checkpoint import CheckpointError, read_trainer_state, step_of, write_trainer_state
-from rlsys.faults import dead_actors, is_actor_failure
+from rlsys.algorithms.recipe import Recipe
+from rlsys.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    read_trainer_state,
+    step_of,
+    write_trainer_state,
+)
+from rlsys.config.schema import TrainConfig
+from rlsys.faults import Restarts, dead_actors, is_actor_failure
+from rlsys.pools import Pools
+from rlsys.run.tracking import Tracker
+from rlsys.trainers.rl.collector import RolloutCollector
+from rlsys.trainers.rl.scaling import RolloutScaler
+from rlsys.trainers.rl.state import RunState
 
 log = logging.getLogger(__name__)
 
 
-class Recoverable:
-    """Checkpoint, restore and recover a ``Controller`` (see the module docstring)."""
+class Recovery:
+    """Checkpoint, restore and recover the run ``state`` (see the module docstring).
+
+    ``reset`` gives ``state`` fresh parts (buffer, sampler, pipeline) before a restore;
+    ``new_learners`` sets up learner groups started afresh (their learning rates)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        pools: Pools,
+        state: RunState,
+        *,
+        checkpoints: CheckpointStore | None,
+        tracker: Tracker,
+        recipe: Recipe,
+        collector: RolloutCollector,
+        scaler: RolloutScaler,
+        run_info: dict,
+        reset: Callable[[], None],
+        new_learners: Callable[[], None],
+    ) -> None:
+        self.cfg, self.pools, self.state = cfg, pools, state
+        self.checkpoints = checkpoints  # None: no checkpoints (a failure rewinds to the start)
+        self.tracker, self.recipe, self.collector, self.scaler = tracker, recipe, collector, scaler
+        self.run_info = run_info  # saved in checkpoints (model path, tracker run id)
+        self._reset, self._new_learners = reset, new_learners
+        self.restarts = Restarts()
+        self.last_saved: Path | None = None
+        self._initial: dict | None = None  # what a failure before any checkpoint restores
+
+    # ---- the run state ---------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Everything of the controller a resumed run needs (call between steps, with the
-        buffer paused and drained or the pipeline not started)."""
-        totals = dataclasses.replace(self.totals, train_wall_s=self._elapsed())
+        """Everything of the run a resumed one needs (call between steps, with the buffer
+        paused and drained or the pipeline not started)."""
+        state = self.state
+        totals = dataclasses.replace(state.totals, train_wall_s=state.elapsed())
         return {
-            "version": self.version,
+            "version": state.version,
             "totals": dataclasses.asdict(totals),
-            "marks": [self._drawn, self._filtered],
-            "buffer": self.buffer.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "pipeline": self.pipeline.state_dict(),
+            "marks": [state.drawn, state.filtered],
+            "buffer": state.buffer.state_dict(),
+            "sampler": state.sampler.state_dict(),
+            "pipeline": state.pipeline.state_dict(),
             "kl_coef": self.recipe.kl_coef,
             "collector": {
                 "reward_errors": self.collector.reward_errors,
                 "skipped_prompts": self.collector.skipped_prompts,
             },
             "rng": {"python": random.getstate(), "numpy": np.random.get_state()},
-            "run_info": self.run_info,
+            "run_info": dict(self.run_info),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Rebuild the run state of ``state`` (the pipeline must not be running)."""
+    def load_state_dict(self, saved: dict) -> None:
+        """Rebuild the run state of ``saved`` (the pipeline must not be running)."""
         self._reset()
-        self.version = state["version"]
-        self.totals = dataclasses.replace(self.totals, **state["totals"])
-        self._drawn, self._filtered = state["marks"]
-        self.buffer.load_state_dict(state["buffer"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.pipeline.load_state_dict(state["pipeline"])
-        self.recipe.kl_coef = state["kl_coef"]
-        self.collector.reward_errors = state["collector"]["reward_errors"]
-        self.collector.skipped_prompts = state["collector"]["skipped_prompts"]
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        self.run_info = {**state["run_info"], **self.run_info}
+        state = self.state
+        state.version = saved["version"]
+        state.totals = dataclasses.replace(state.totals, **saved["totals"])
+        state.drawn, state.filtered = saved["marks"]
+        state.buffer.load_state_dict(saved["buffer"])
+        state.sampler.load_state_dict(saved["sampler"])
+        state.pipeline.load_state_dict(saved["pipeline"])
+        self.recipe.kl_coef = saved["kl_coef"]
+        self.collector.reward_errors = saved["collector"]["reward_errors"]
+        self.collector.skipped_prompts = saved["collector"]["skipped_prompts"]
+        random.setstate(saved["rng"]["python"])
+        np.random.set_state(saved["rng"]["numpy"])
+        for key, value in saved["run_info"].items():  # this process's entries win
+            self.run_info.setdefault(key, value)
+
+    def mark_start(self) -> None:
+        """Remember the state the run starts training from (a failure before the first
+        checkpoint goes back to it)."""
+        self._initial = self.state_dict()
+
+    # ---- checkpoints -----------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
         """Checkpoint after the latest step: waits for in-flight groups (the buffer must be
-        paused), writes learners + controller state, then lets the feeder go on."""
+        paused), writes learners + run state, then lets the feeder go on."""
+        buffer = self.state.buffer
         try:
-            self.buffer.wait_drained()
-            self.pipeline.raise_if_failed()
+            buffer.wait_drained()
+            self.state.pipeline.raise_if_failed()
             state = self.state_dict()
 
             def write(tmp: Path) -> None:
@@ -76,22 +131,29 @@ class Recoverable:
                     self.pools.learner.save_hf(str(tmp / "hf"))
                 write_trainer_state(tmp, state)
 
-            self._last_saved = self.checkpoints.save(self.totals.steps, write)
+            self.last_saved = self.checkpoints.save(self.state.totals.steps, write)
         finally:
-            self.buffer.resume()
-        return self._last_saved
+            buffer.resume()
+        return self.last_saved
+
+    def saved_latest_step(self) -> bool:
+        """Whether the latest step has a checkpoint already."""
+        return self.last_saved is not None and step_of(self.last_saved) == self.state.totals.steps
 
     def restore(self, path: Path) -> None:
-        """Load the checkpoint at ``path`` into the learners and the controller, and put its
-        weights in the engines (before ``run``, or after a recovery stopped the pipeline)."""
-        state = read_trainer_state(path)
+        """Load the checkpoint at ``path`` into the learners and the run state, and put its
+        weights in the engines (before the run starts, or after a recovery stopped the
+        pipeline)."""
+        saved = read_trainer_state(path)
         self.pools.learner.load_checkpoint(str(path / "policy"))
         if self.pools.critic is not None:
             self.pools.critic.load_checkpoint(str(path / "critic"))
-        self.load_state_dict(state)
-        self.pools.sync_weights(self.version)
-        self.tracker.rewind(self.totals.steps)
-        log.info("resumed from %s: step %d, policy version %d", path, step_of(path), self.version)
+        self.load_state_dict(saved)
+        self.pools.sync_weights(self.state.version)
+        self.tracker.rewind(self.state.totals.steps)
+        log.info(
+            "resumed from %s: step %d, policy version %d", path, step_of(path), self.state.version
+        )
 
     def restore_newest(self, candidates: list[Path]) -> Path:
         """Restore the first of ``candidates`` (newest first) that loads; a damaged one falls
@@ -104,23 +166,28 @@ class Recoverable:
                 log.warning("checkpoint %s does not load (%s): trying the previous one", path, exc)
         raise CheckpointError(f"no checkpoint of {[str(p) for p in candidates]} loads; see above")
 
-    def _replace_rollout_worker(self, worker: int, exc: BaseException) -> bool:
+    # ---- failures --------------------------------------------------------------------------
+
+    def replace_rollout_worker(self, worker: int, exc: BaseException) -> bool:
         """A rollout loop's generation call failed: if its worker process died, start a new
         one with the current weights (the loop then retries its request); False otherwise, or
-        when the run is stopping (a recovery on the learner thread replaces it then)."""
+        when the run is stopping (a recovery on the learner thread replaces it then). Runs on
+        the rollout loop's thread."""
         if not is_actor_failure(exc):
             return False
-        with self._weights_lock:  # the learner is not mid-update: its weights are self.version
-            if self.pipeline.gate.stopped:
+        state = self.state
+        with state.weights_lock:  # the learner is not mid-update: its weights are version
+            gate = state.pipeline.gate
+            if gate.stopped:
                 return False
             self.restarts.count("rollout", self.cfg.fault.max_rollout_restarts, exc)
             log.warning("rollout worker %d died (%s): restarting it", worker, exc)
-            with self.pipeline.gate.shut():
+            with gate.shut():
                 self.pools.replace_rollout_worker(worker)
-                self.pools.sync_weights(self.version)
+                self.pools.sync_weights(state.version)
         return True
 
-    def _recover(self, exc: Exception) -> bool:
+    def recover(self, exc: Exception) -> bool:
         """A step failed in a worker process: replace the dead ones, go back to the latest
         checkpoint (or the start of the run) and go on. False for an error raised in this
         process (a bug or bad input: it stands). A failure no rollout worker explains counts
@@ -128,13 +195,13 @@ class Recoverable:
         ``fault.max_learner_restarts`` are used."""
         if not is_actor_failure(exc):
             return False
-        self.pipeline.stop()
-        self._drop_retired()
+        self.state.pipeline.stop()
+        self.scaler.drop_retired()
         learners_dead, rollout_dead = dead_actors(self.pools)
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         log.warning(
             "step %d failed (%s); %s; restoring %s",
-            self.totals.steps + 1,
+            self.state.totals.steps + 1,
             exc,
             "a learner, critic or reference rank died"
             if learners_dead
@@ -143,21 +210,22 @@ class Recoverable:
             else "no process died",
             latest or "the start of the run",
         )
+        fault = self.cfg.fault
         for worker in rollout_dead:
-            self.restarts.count("rollout", self.cfg.fault.max_rollout_restarts, exc)
+            self.restarts.count("rollout", fault.max_rollout_restarts, exc)
             self.pools.rollout.replace(worker)
         if learners_dead or not rollout_dead:
-            self.restarts.count("learner", self.cfg.fault.max_learner_restarts, exc)
+            self.restarts.count("learner", fault.max_learner_restarts, exc)
         if learners_dead or latest is None:  # fresh learners: dead ones, or weights to rewind
             self.pools.replace_learners()
-            self._set_learning_rates()
+            self._new_learners()
         else:
             self.pools.connect_weight_sync()  # re-form the sync group the failure broke
         if latest is not None:
             self.restore(latest)
         else:
             self.load_state_dict(self._initial)
-            self.pools.sync_weights(self.version)
+            self.pools.sync_weights(self.state.version)
             self.tracker.rewind(0)
-        self.pipeline.start()
+        self.state.pipeline.start()
         return True

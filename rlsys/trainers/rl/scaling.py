@@ -1,8 +1,8 @@
-"""The controller's elastic side: the rollout pool grows or shrinks between learner steps.
+"""The RL run's elastic side: the rollout pool grows or shrinks between learner steps.
 
-A mixin of ``Controller`` (it uses the controller's pools, pipeline, version, weights lock
-and totals), kept apart so ``controller.py`` reads like the algorithm. What asks for a size:
-``rollout.elastic.schedule`` and ``rlsys scale RUN_DIR rollout=N`` (``rlsys.trainers.rl.scale_requests``).
+``RolloutScaler`` owns the size asked for and the plan that asks (``rollout.elastic.schedule``
+and ``rlsys scale RUN_DIR rollout=N``: ``scale_requests.py``); it works on the ``RunState``
+it shares with the controller.
 
 * Growing: new engines start while the others keep generating; then, with the learner idle
   and the loops held at the gate, the weight-sync group is re-formed with them and the
@@ -19,35 +19,45 @@ import logging
 
 import ray
 
+from rlsys.config.elastic import ElasticConfig
+from rlsys.pools import Pools
+from rlsys.trainers.rl.scale_requests import ScalePlan
+from rlsys.trainers.rl.state import RunState
+
 log = logging.getLogger(__name__)
 
 
-class Elastic:
-    """Resize the rollout pool of a ``Controller`` (see the module docstring)."""
+class RolloutScaler:
+    """Resize the rollout pool of the run ``state`` (see the module docstring)."""
 
-    def _rescale(self, step: int) -> None:
+    def __init__(self, cfg: ElasticConfig, pools: Pools, state: RunState, plan: ScalePlan) -> None:
+        self.cfg, self.pools, self.state, self.plan = cfg, pools, state, plan
+        self.target: int | None = None  # the size asked for; None: as started
+
+    def after_step(self, step: int) -> None:
         """After learner step ``step``: take a new target size, if one was asked for, and
         move the pool toward it (one change at a time: a shrink first finishes)."""
-        wanted = self.scale_plan.poll(step)
+        wanted = self.plan.poll(step)
         if wanted is not None:
-            self._rollout_target, source = wanted
-            log.info("rollout pool: %d workers asked for by %s", self._rollout_target, source)
-        if not self._reap_retired() or self._rollout_target is None:
+            self.target, source = wanted
+            log.info("rollout pool: %d workers asked for by %s", self.target, source)
+        if not self._reap_retired() or self.target is None:
             return
-        current = len(self.pipeline.rollouts)
-        if self._rollout_target > current:
+        pipeline = self.state.pipeline
+        current = len(pipeline.rollouts)
+        if self.target > current:
             self._grow(current, step)
-        elif self._rollout_target < current:
-            retiring = self.pipeline.retire_rollouts(current - self._rollout_target)
-            self._record_scale(step, current, self._rollout_target)
+        elif self.target < current:
+            retiring = pipeline.retire_rollouts(current - self.target)
+            self._record(step, current, self.target)
             log.info("rollout pool: retiring workers %s after their current requests", retiring)
 
     def _grow(self, current: int, step: int) -> None:
         """From ``current`` workers to the target: start the engines, then, with the learner
         idle and the loops held, give them the sync group and the current weights."""
-        count = self._rollout_target - current
-        timeout_s = self.cfg.rollout.elastic.start_timeout_s
-        with self._weights_lock:  # the learner is idle: the engines hold self.version
+        count = self.target - current
+        state, timeout_s = self.state, self.cfg.start_timeout_s
+        with state.weights_lock:  # the learner is idle: the engines hold state.version
             try:
                 new = self.pools.rollout.grow(count, timeout_s)
             except ray.exceptions.GetTimeoutError:
@@ -59,35 +69,36 @@ class Elastic:
                     timeout_s,
                     current,
                 )
-                self._rollout_target = current
+                self.target = current
                 return
-            with self.pipeline.gate.shut():
+            with state.pipeline.gate.shut():
                 self.pools.connect_weight_sync()
-                self.pools.sync_weights(self.version)
+                self.pools.sync_weights(state.version)
         for worker in new:
-            self.pipeline.add_rollout(worker)
-        self._record_scale(step, current, current + count)
+            state.pipeline.add_rollout(worker)
+        self._record(step, current, current + count)
 
     def _reap_retired(self) -> bool:
         """Stop the engines of retired loops that have ended and re-form the sync group
         without them; False while one is still finishing its request."""
-        workers = self.pipeline.retired()
+        pipeline = self.state.pipeline
+        workers = pipeline.retired()
         if workers is None:
             return False
         if workers:
-            with self._weights_lock, self.pipeline.gate.shut():
+            with self.state.weights_lock, pipeline.gate.shut():
                 self.pools.rollout.shrink(workers)
                 self.pools.connect_weight_sync()
             log.info("rollout pool: workers %s stopped", workers)
         return True
 
-    def _drop_retired(self) -> None:
+    def drop_retired(self) -> None:
         """With the pipeline stopped (a recovery): stop retired workers' engines; the
         recovery re-forms the sync group."""
-        workers = self.pipeline.retired()
+        workers = self.state.pipeline.retired()
         if workers:
             self.pools.rollout.shrink(workers)
 
-    def _record_scale(self, step: int, before: int, after: int) -> None:
+    def _record(self, step: int, before: int, after: int) -> None:
         log.info("rollout pool: %d -> %d workers after step %d", before, after, step)
-        self.totals.scale_events.append({"step": step, "from": before, "to": after})
+        self.state.totals.scale_events.append({"step": step, "from": before, "to": after})
