@@ -72,7 +72,7 @@ class Placement:
     reference: ActorResources | None
     critic: ActorResources | None
     reward: ActorResources | None = None  # one reward worker (reward.num_workers > 0)
-    reward_model: ActorResources | None = None  # one reward model (reward.model.paths)
+    reward_model: ActorResources | None = None  # one rank of a reward model (reward.model)
 
 
 # glibc malloc settings for actors (a value already in the environment wins). By default glibc
@@ -162,10 +162,10 @@ def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
         pools.append(
             PoolSpec(
                 "reward_model",
-                len(cfg.reward.model.paths),
+                len(cfg.reward.model.paths) * cfg.reward.model.world_size,
                 cfg.reward.model.num_cpus,
                 cfg.reward.model.num_gpus,
-                "reward.model.paths (one actor each)",
+                "reward.model.paths x reward.model.world_size",
                 "reward.model.num_cpus",
             )
         )

@@ -24,7 +24,7 @@ Builder = Callable[..., "TrainingBackend"]
 BACKENDS: Registry[Builder] = Registry("training backend", "learner.backend")
 
 
-@BACKENDS.register("fsdp2")
+@BACKENDS.register("fsdp2", float16=True)  # deepspeed: no fp16 loss scaling here
 def _fsdp2(cfg: LearnerConfig, *common: Any, trainable: bool = True) -> TrainingBackend:
     from rlsys.backends.fsdp import FSDP2Backend
 

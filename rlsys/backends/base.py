@@ -33,6 +33,7 @@ from rlsys.models import blocks
 from rlsys.models.attention import use_fp32_attention
 from rlsys.models.loading import load_model
 from rlsys.models.logprobs import first_scored, greedy_next_tokens, token_logprobs
+from rlsys.models.reward_model import load_reward_model
 from rlsys.models.value import load_score_model, load_value_model, sequence_scores, token_values
 from rlsys.types import TrainBatch
 
@@ -109,6 +110,8 @@ class TrainingBackend(ABC):
         attention in fp32 when a CPU learner computes in bf16 (see rlsys/models/attention.py)
         and its decoder layers compiled when ``compile_layers`` (rlsys/models/blocks.py)."""
         loader = {"policy": load_model, "value": load_value_model, "reward": load_score_model}
+        if self.role == "reward" and not self.trainable:  # scoring: its head must be trained
+            loader["reward"] = lambda path, dtype: load_reward_model(path, dtype)[1]
         module = loader[self.role](self.model_path, self.dtype)
         if not for_training:
             return module
@@ -419,7 +422,7 @@ class TrainingBackend(ABC):
                 shutil.rmtree(out)
             model.save_pretrained(out)
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            if self.role == "reward":  # how RewardModelWorker pads: see load_reward_model
+            if self.role == "reward":  # how a reward model pads: see reward_tokenizer
                 tokenizer.padding_side = "right"
             tokenizer.save_pretrained(out)
         dist.barrier()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlsys.backends import BACKENDS
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
+from rlsys.config.learner import DeepSpeedConfig, LearnerConfig
 
 
 @dataclass
@@ -39,19 +41,42 @@ class RewardModelConfig:
     paths: list[str] = field(default_factory=list)  # HF dirs or hub ids; several: an ensemble
     ensemble: str = "mean"  # how an ensemble's scores combine: mean | min
     weight: float = 1.0  # weight of the (ensembled) score in the total reward
-    num_cpus: float = 1.0  # per reward-model actor (also its torch thread count)
-    num_gpus: float = 0.0  # per reward-model actor
-    dtype: str = "float32"  # reward model weights: float32 | bfloat16 | float16
+    # ranks per reward model (an inference-only learner group): > 1 shards it over them
+    world_size: int = 1
+    # how a model is sharded over its ranks: fsdp2 or deepspeed (ZeRO-3)
+    backend: str = "fsdp2"
+    num_cpus: float = 1.0  # per rank (also its torch thread count)
+    num_gpus: float = 0.0  # per rank
+    dtype: str = "float32"  # reward model weights: float32 | bfloat16 | float16 (not deepspeed)
     batch_size: int = 32  # sequences per forward pass
     max_length: int = 512  # longer prompt + completion pairs are truncated from the left
 
     def __post_init__(self) -> None:
         one_of("reward.model.ensemble", self.ensemble, ("mean", "min"))
         one_of("reward.model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        positive("reward.model.world_size", self.world_size)
+        BACKENDS.check(self.backend, key="reward.model.backend")
+        if self.dtype == "float16" and not BACKENDS.trait(self.backend, "float16"):
+            raise ConfigError(
+                f"reward.model.dtype=float16 does not work with reward.model.backend="
+                f"{self.backend}; use bfloat16 or backend=fsdp2"
+            )
         positive("reward.model.num_cpus", self.num_cpus)
         non_negative("reward.model.num_gpus", self.num_gpus)
         positive("reward.model.batch_size", self.batch_size)
         positive("reward.model.max_length", self.max_length)
+
+    def group(self) -> LearnerConfig:
+        """The learner-group config each reward model's ranks are built from (inference-only:
+        no optimizer; ZeRO-3 for DeepSpeed, the stage that shards parameters)."""
+        return LearnerConfig(
+            backend=self.backend,
+            world_size=self.world_size,
+            num_cpus_per_rank=self.num_cpus,
+            num_gpus_per_rank=self.num_gpus,
+            micro_batch_size=self.batch_size,
+            deepspeed=DeepSpeedConfig(zero_stage=3),
+        )
 
 
 @dataclass

@@ -127,11 +127,9 @@ class TaskConfig:
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn environment (null: none)
 
     def __post_init__(self) -> None:
-        one_of(
-            "task.name",
-            self.name,
-            ("arithmetic", "file", "word_problems", "guess_number", "reviews"),
-        )
+        from rlsys.data.tasks import TASKS  # here: the tasks import this module
+
+        TASKS.check(self.name)
         one_of("task.style", self.style, ("compact", "question"))
         if self.style != "compact" and self.reverse_answer:
             raise ConfigError(
@@ -540,21 +538,22 @@ class TrainConfig:
                 f"{self.algorithm.advantage} compares the samples of a prompt and needs at "
                 "least 2; set rollout.n_samples=2 or more"
             )
-        if self.weight_sync.transport == "cuda_ipc" and not (
+        transport = self.weight_sync.transport
+        if TRANSPORTS.trait(transport, "colocated_gpus") and not (
             self.learner.num_gpus_per_rank > 0
             and self.rollout.num_gpus_per_worker > 0
             and self.placement.mode == "colocated"
         ):
             raise ConfigError(
-                "weight_sync.transport=cuda_ipc shares GPU memory, so it needs "
+                f"weight_sync.transport={transport} shares GPU memory, so it needs "
                 "placement.mode=colocated with learner.num_gpus_per_rank > 0 and "
                 "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
             )
         for key, group in (("learner", self.learner), ("critic", self.critic)):
-            if group.backend == "deepspeed" and self.model.dtype == "float16":
+            if self.model.dtype == "float16" and not BACKENDS.trait(group.backend, "float16"):
                 raise ConfigError(
-                    f"{key}.backend=deepspeed with model.dtype=float16 is not supported (fp16 "
-                    "needs loss scaling); use model.dtype=bfloat16 or float32"
+                    f"{key}.backend={group.backend} with model.dtype=float16 is not supported "
+                    "(fp16 needs loss scaling); use model.dtype=bfloat16 or float32"
                 )
             if group.mixed_precision is not None and self.model.dtype != "float32":
                 raise ConfigError(

@@ -245,9 +245,9 @@ def pack_pairs(pairs: list[PreferencePair], encode, pad_id: int, max_length: int
 
 
 def reward_model_rows(tokenizer, chat: bool):
-    """``encode`` for reward-model pairs: the text exactly as ``RewardModelWorker`` renders
+    """``encode`` for reward-model pairs: the text exactly as a reward model's scorer renders
     and tokenizes it when scoring, split after its first token (the score reads the end)."""
-    from rlsys.workers.reward_model import render_pair, uses_chat
+    from rlsys.models.reward_model import render_pair, uses_chat
 
     special = not uses_chat(tokenizer, chat)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TaskConfig
+from rlsys.registry import Registry
 from rlsys.types import Prompt
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,13 @@ def arithmetic_problem(
     return f"{left}{op}{right}=", answer[::-1] if reverse else answer
 
 
+# ``task.name`` -> (task config, seed) -> its train and eval splits. A new task is one
+# function and its registration line (docs/extending.md).
+TaskBuilder = Callable[[TaskConfig, int], "TaskSplits"]
+TASKS: Registry[TaskBuilder] = Registry("task", "task.name")
+
+
+@TASKS.register("arithmetic")
 def arithmetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     """Unique problems drawn without replacement; the first ``eval_size`` are held out."""
     space = 10**cfg.digits
@@ -227,6 +236,7 @@ def hold_out(rows: list, size: int, seed: int) -> tuple[list, list]:
     return [rows[i] for i in order[held:]], [rows[i] for i in order[:held]]
 
 
+@TASKS.register("file")
 def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     """Prompts from jsonl/parquet; without ``eval_path`` the eval split is held out of train."""
     rows = read_rows(cfg.train_path, "task.train_path")
@@ -257,23 +267,30 @@ def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     return TaskSplits(train, evals, cfg.max_new_tokens or 256, skipped)
 
 
-def synthetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
-    """Word problems or guessing games for the built-in environments, or review openings
-    for the RLHF example."""
-    from rlsys.data.reviews import REPLY_TOKENS, review_prompts
-    from rlsys.data.word_problems import guess_games, word_problems
+@TASKS.register("word_problems")
+def word_problem_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """One-step word problems for the calculator environment (and as plain questions)."""
+    from rlsys.data.word_problems import word_problems
 
-    if cfg.name == "reviews":
-        train, evals = review_prompts(cfg, seed)
-        return TaskSplits(train, evals, cfg.max_new_tokens or REPLY_TOKENS)
-    train, evals = (word_problems if cfg.name == "word_problems" else guess_games)(cfg, seed)
-    return TaskSplits(train, evals, cfg.max_new_tokens or QUESTION_MAX_NEW_TOKENS)
+    return TaskSplits(*word_problems(cfg, seed), cfg.max_new_tokens or QUESTION_MAX_NEW_TOKENS)
+
+
+@TASKS.register("guess_number")
+def guess_number_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """Guess-the-number games for the guess_number environment."""
+    from rlsys.data.word_problems import guess_games
+
+    return TaskSplits(*guess_games(cfg, seed), cfg.max_new_tokens or QUESTION_MAX_NEW_TOKENS)
+
+
+@TASKS.register("reviews")
+def reviews_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """Review openings for the RLHF example (a hidden labeller scores the replies)."""
+    from rlsys.data.reviews import REPLY_TOKENS, review_prompts
+
+    return TaskSplits(*review_prompts(cfg, seed), cfg.max_new_tokens or REPLY_TOKENS)
 
 
 def load_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     """The task named by ``task.name``."""
-    if cfg.name == "arithmetic":
-        return arithmetic_task(cfg, seed)
-    if cfg.name == "file":
-        return file_task(cfg, seed)
-    return synthetic_task(cfg, seed)
+    return TASKS.get(cfg.name)(cfg, seed)

@@ -80,7 +80,7 @@ def sequence_scores(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """(B,) float scores of a sequence-classification model: its logit at each sequence's
-    last token that is not the pad token (what ``RewardModelWorker`` reads), with positions
+    last token that is not the pad token (what a reward model reads), with positions
     counted over real tokens so left padding changes nothing."""
     return (
         model(

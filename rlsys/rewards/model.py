@@ -1,19 +1,22 @@
-"""Reward-model scoring from the driver: one ``RewardModelWorker`` actor per
-``reward.model.paths`` entry, scoring in parallel, their scores combined per item by
-``reward.model.ensemble`` (mean | min)."""
+"""Reward-model scoring from the driver: one inference-only learner group per
+``reward.model.paths`` entry (``reward.model.world_size`` ranks, the model sharded over them
+like a learner's), scoring in parallel, their scores combined per item by
+``reward.model.ensemble`` (mean | min). The pairs are tokenized here, with each model's own
+tokenizer."""
 
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import ray
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardModelConfig
+from rlsys.models.reward_model import RewardModelLoadError, encode_pairs, reward_tokenizer
 from rlsys.placement import ActorResources
-from rlsys.workers.calls import get_all
-from rlsys.workers.reward_model import RewardModelWorker
+from rlsys.workers.learner import LearnerGroup
 
 _COMBINE = {"mean": np.mean, "min": np.min}
 
@@ -29,44 +32,57 @@ class RewardModelScorer:
         chat: bool = False,
         resources: ActorResources | None = None,
     ) -> None:
-        """Start one actor per ``cfg.paths`` entry (``threads``: torch threads per actor,
-        default ``cfg.num_cpus``; ``chat``: render pairs with the reward model's chat template
-        when it has one, as for ``task.chat_template=true``; ``resources``: the placement's request
-        per actor, overriding ``cfg``'s) and wait until all have loaded."""
+        """Start one group per ``cfg.paths`` entry, all at once (``threads``: torch threads
+        per rank, default ``cfg.num_cpus``; ``chat``: render pairs with the reward model's
+        chat template when it has one, as for ``task.chat_template=true``; ``resources``:
+        the placement's request per rank, overriding ``cfg``'s) and wait until all have
+        loaded."""
         if not cfg.paths:
             raise ConfigError(
                 "reward.model.paths is empty; list one or more sequence-classification "
                 "reward models (local HF directories or hub ids), e.g. reward.model.paths=[./rm]"
             )
         self.cfg, self.chat = cfg, chat
-        res = resources or ActorResources(
+        self._pool: ThreadPoolExecutor | None = None
+        self.resources = resources or ActorResources(
             cfg.num_cpus, cfg.num_gpus, threads or max(1, int(cfg.num_cpus))
         )
-        self.workers = [
-            RewardModelWorker.options(**res.actor_options()).remote(
-                path, cfg.dtype, cfg.batch_size, cfg.max_length, res.threads, res.num_gpus
-            )
-            for path in cfg.paths
-        ]
-        try:
-            self._wait_loaded()
-        except BaseException:
-            self.shutdown()
-            raise
-
-    def _wait_loaded(self) -> None:
-        failed = []
-        for index, (path, worker) in enumerate(zip(self.cfg.paths, self.workers, strict=True)):
-            try:
-                ray.get(worker.ready.remote())
-            except ray.exceptions.RayActorError as exc:
-                failed.append(f"reward.model.paths[{index}]={path!r} ({_reason(exc)})")
+        self.tokenizers = [self._tokenizer(i) for i in range(len(cfg.paths))]
+        self.groups: list[LearnerGroup] = []
+        with ThreadPoolExecutor(len(cfg.paths), thread_name_prefix="reward-model") as pool:
+            started = list(pool.map(self._start, range(len(cfg.paths))))
+        self.groups = [g for g in started if isinstance(g, LearnerGroup)]
+        failed = [g for g in started if isinstance(g, str)]
         if failed:
-            raise ConfigError(
-                f"{'; '.join(failed)}: did not load as a reward model; pass local Hugging Face "
-                "directories or hub ids of sequence-classification models "
-                "(AutoModelForSequenceClassification)"
+            self.shutdown()
+            raise _not_loaded(failed)
+        self._pool = ThreadPoolExecutor(len(self.groups), thread_name_prefix="reward-model")
+
+    def _where(self, index: int, reason: str) -> str:
+        return f"reward.model.paths[{index}]={self.cfg.paths[index]!r} ({reason})"
+
+    def _tokenizer(self, index: int):
+        """Entry ``index``'s tokenizer, loaded here before any actor starts (a typo in a path
+        fails in a second)."""
+        try:
+            return reward_tokenizer(self.cfg.paths[index])
+        except RewardModelLoadError as exc:
+            raise _not_loaded([self._where(index, str(exc))]) from exc
+
+    def _start(self, index: int) -> LearnerGroup | str:
+        """The group of entry ``index``, or why it did not load."""
+        try:
+            return LearnerGroup(
+                self.cfg.group(),
+                self.resources,
+                self.cfg.paths[index],
+                self.cfg.dtype,
+                1.0,
+                role="reward",
+                trainable=False,
             )
+        except ray.exceptions.RayError as exc:
+            return self._where(index, _reason(exc))
 
     @property
     def batch_size(self) -> int:
@@ -84,10 +100,11 @@ class RewardModelScorer:
             )
         if not prompts:
             return []
-        prompts_ref, completions_ref = ray.put(list(prompts)), ray.put(list(completions))
-        scores = get_all(
-            [w.score.remote(prompts_ref, completions_ref, self.chat) for w in self.workers]
-        )
+        batches = [
+            encode_pairs(tok, list(prompts), list(completions), self.chat, self.cfg.max_length)
+            for tok in self.tokenizers
+        ]
+        scores = list(self._pool.map(LearnerGroup.forward_scores, self.groups, batches))
         combined = _COMBINE[self.cfg.ensemble](np.asarray(scores, dtype=np.float64), axis=0)
         return [float(s) for s in combined]
 
@@ -96,15 +113,25 @@ class RewardModelScorer:
         return self.score_batch([prompt], [completion], [metadata])[0]
 
     def shutdown(self) -> None:
-        """Kill the reward-model actors."""
-        for worker in self.workers:
+        """Stop the reward-model groups."""
+        for group in self.groups:
             with contextlib.suppress(Exception):
-                ray.kill(worker)
-        self.workers = []
+                group.shutdown(timeout_s=5.0)
+        self.groups = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
 
-def _reason(exc: ray.exceptions.RayActorError) -> str:
-    """The load error raised in the actor's constructor, without Ray's traceback."""
+def _not_loaded(entries: list[str]) -> ConfigError:
+    return ConfigError(
+        f"{'; '.join(entries)}: did not load as a reward model; pass local Hugging Face "
+        "directories or hub ids of sequence-classification models "
+        "(AutoModelForSequenceClassification)"
+    )
+
+
+def _reason(exc: ray.exceptions.RayError) -> str:
+    """The load error raised in a rank while it built its model, without Ray's traceback."""
     text = str(exc)
     marker = "RewardModelLoadError: "
     if marker in text:

@@ -3,7 +3,8 @@
 Items are scored in batches of ``reward.batch_size`` spread over the workers. A batch that
 does not come back in time (a reward function stuck in C code, a worker that died) scores 0
 with one error per item, and its worker is replaced, so scoring never stalls or crashes the
-run. Reward models have their own actors (``rlsys.workers.reward_model``).
+run. Reward models have their own actors (``rlsys.rewards.model``: inference-only learner
+groups).
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""The programs a command runs: RL (``rl/``), SFT (``sft.py``), preference training
+(``preference/``)."""

@@ -35,7 +35,7 @@ def _collective(cfg: WeightSyncConfig) -> WeightTransport:
     return CollectiveTransport(cfg)
 
 
-@TRANSPORTS.register("cuda_ipc")
+@TRANSPORTS.register("cuda_ipc", colocated_gpus=True)  # shares GPU memory in place
 def _cuda_ipc(cfg: WeightSyncConfig) -> WeightTransport:
     from rlsys.weight_sync.collective import CudaIpcTransport
 

@@ -54,7 +54,7 @@ def test_reward_model_learns_and_plugs_into_the_reward_model_worker(tmp_path):
     from rlsys.config.loader import load_config
     from rlsys.data.preferences import load_pairs
     from rlsys.data.tasks import load_task
-    from rlsys.workers.reward_model import load_reward_model, render_pair
+    from rlsys.models.reward_model import load_reward_model, render_pair
 
     cfg = load_config(
         [

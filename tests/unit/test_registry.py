@@ -14,9 +14,10 @@ from rlsys.algorithms.recipe import Recipe
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.learner import LearnerConfig
-from rlsys.config.schema import RolloutConfig, TrainConfig
+from rlsys.config.schema import ReferenceConfig, RolloutConfig, TaskConfig, TrainConfig
+from rlsys.data.tasks import TASKS, TaskSplits, load_task
 from rlsys.registry import Registry
-from rlsys.types import TrainBatch
+from rlsys.types import Prompt, TrainBatch
 
 
 def _colours() -> Registry[int]:
@@ -69,6 +70,8 @@ def test_registering_a_name_twice_fails():
         (lambda: AlgorithmConfig(off_policy="is"), "algorithm.off_policy='is'"),
         (lambda: RolloutConfig(engine="sglang"), "rollout.engine='sglang'"),
         (lambda: LearnerConfig(backend="megatron"), "learner.backend='megatron'"),
+        (lambda: TaskConfig(name="sudoku"), "task.name='sudoku'"),
+        (lambda: ReferenceConfig(backend="megatron"), "reference.backend='megatron'"),
     ],
 )
 def test_config_validates_names_against_the_registries(build, needle):
@@ -119,3 +122,18 @@ def test_a_registered_estimator_is_a_valid_config_name_and_is_used(best_of_group
             algorithm=AlgorithmConfig(advantage=best_of_group, filter_uniform_groups=False),
             rollout=RolloutConfig(n_samples=1),
         )
+
+
+def test_a_registered_task_is_a_valid_config_name_and_is_loaded():
+    @TASKS.register("echo")
+    def echo(cfg: TaskConfig, seed: int) -> TaskSplits:
+        prompts = [Prompt(i, f"say {i}:", str(i)) for i in range(cfg.train_size + cfg.eval_size)]
+        return TaskSplits(prompts[cfg.eval_size :], prompts[: cfg.eval_size], 4)
+
+    try:
+        splits = load_task(TaskConfig(name="echo", train_size=6, eval_size=2), seed=0)
+    finally:
+        TASKS.unregister("echo")
+    assert [p.answer for p in splits.eval] == ["0", "1"] and len(splits.train) == 6
+    with pytest.raises(ConfigError, match="task.name='echo'"):
+        TaskConfig(name="echo")

@@ -1,4 +1,5 @@
-"""Reward-model scoring on Ray actors: ensembles, batching, left truncation, bad paths."""
+"""Reward-model scoring on Ray actors (inference-only learner groups): ensembles, batching,
+left truncation, sharding over 2 ranks, bad paths."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardModelConfig
 from rlsys.models.builtin import build_char_tokenizer, build_tiny_reward_model
+from rlsys.models.reward_model import RewardModelLoadError, load_reward_model, render_pair
 from rlsys.rewards.model import RewardModelScorer
-from rlsys.workers.reward_model import RewardModelLoadError, load_reward_model, render_pair
 
 MAX_LENGTH = 24  # tokens; the longer pairs below are truncated
 PROMPTS = ["What is 2+2? ", "Name a colour. ", "Say hi. ", "Count: ", "x", "Add 13 and 29. "]
@@ -99,6 +100,22 @@ def test_missing_path_names_the_key(ray_cpu, tmp_path):
     with pytest.raises(ConfigError, match=r"reward\.model\.paths\[0\]") as info:
         start([missing])
     assert missing in str(info.value)
+
+
+def test_a_reward_model_sharded_over_two_ranks_scores_like_the_plain_model(ray_cpu, rm_dirs):
+    scorer = start(rm_dirs[:1], world_size=2)
+    try:
+        assert len(scorer.groups[0].workers) == 2
+        scores = scorer.score_batch(PROMPTS, COMPLETIONS, METAS)
+    finally:
+        scorer.shutdown()
+    expected = per_model_scores(rm_dirs[:1], PROMPTS, COMPLETIONS)[0]
+    assert np.allclose(scores, expected, atol=1e-5, rtol=0)
+
+
+def test_a_causal_lm_path_names_the_entry_and_why(ray_cpu, tiny_model_dir):
+    with pytest.raises(ConfigError, match=r"paths\[0\].*not a sequence-classification model"):
+        start([tiny_model_dir])
 
 
 def test_causal_lm_is_not_a_reward_model(tiny_model_dir):

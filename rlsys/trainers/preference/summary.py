@@ -70,7 +70,8 @@ def merge(paths: dict[str, str]) -> dict:
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or any("=" not in a for a in argv[1:]):
         print(
-            f"usage: python -m rlsys.trainers.preference.summary OUT.json {' '.join(s + '=PATH' for s in STAGES)}",
+            "usage: python -m rlsys.trainers.preference.summary OUT.json "
+            + " ".join(s + "=PATH" for s in STAGES),
             file=sys.stderr,
         )
         return 2
