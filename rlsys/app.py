@@ -20,8 +20,8 @@ from rlsys.placement import Roles
 from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.run.directory import check_output_dir, make_run_dir, write_summary
 from rlsys.run.tracking import Tracker
+from rlsys.trainers.collector import RolloutCollector
 from rlsys.trainers.preference.pairs import preference_pairs
-from rlsys.trainers.rl.collector import RolloutCollector
 
 log = logging.getLogger("rlsys")
 

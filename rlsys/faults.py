@@ -32,16 +32,39 @@ def _alive(actor) -> bool:
         return False
 
 
-def dead_actors(pools: Pools) -> tuple[bool, list[int]]:
-    """Whether any learner, critic or reference rank is dead (or stuck), and which rollout
-    workers are dead. Call when no step is running."""
+@dataclass(frozen=True)
+class DeadActors:
+    """What a probe found dead (or stuck) after a failed step."""
+
+    learners: bool  # a policy or critic rank
+    reference: bool  # a reference rank
+    rollout: list[int]  # rollout workers
+
+    def __str__(self) -> str:
+        found = [
+            what
+            for what, died in (
+                ("a learner or critic rank died", self.learners),
+                ("a reference rank died", self.reference),
+                (f"rollout workers {self.rollout} died", self.rollout),
+            )
+            if died
+        ]
+        return "; ".join(found) or "no process died"
+
+
+def dead_actors(pools: Pools) -> DeadActors:
+    """Probe every learner, critic and reference rank and every rollout worker. Call when no
+    step is running."""
     ranks = list(pools.learner.workers)
-    for group in (pools.critic, pools.reference):
-        if group is not None:
-            ranks += group.workers
-    learners_dead = not all(_alive(w) for w in ranks)
-    rollout_dead = [i for i, w in enumerate(pools.rollout.workers) if not _alive(w)]
-    return learners_dead, rollout_dead
+    if pools.critic is not None:
+        ranks += pools.critic.workers
+    reference = pools.reference.workers if pools.reference is not None else []
+    return DeadActors(
+        learners=not all(_alive(w) for w in ranks),
+        reference=not all(_alive(w) for w in reference),
+        rollout=[i for i, w in enumerate(pools.rollout.workers) if not _alive(w)],
+    )
 
 
 @dataclass

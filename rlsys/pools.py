@@ -66,17 +66,19 @@ class Pools:
         self.connect_weight_sync()
 
     def replace_learners(self) -> None:
-        """Kill the learner (and critic and reference) groups and start fresh ones on their
-        starting weights (load a checkpoint next), re-forming the sync group."""
+        """Kill the learner (and critic) groups and start fresh ones on their starting
+        weights (load a checkpoint next), re-forming the sync group."""
         self.learner.shutdown(timeout_s=5.0)
         self.learner = self.respawn_learner()
         if self.critic is not None:
             self.critic.shutdown(timeout_s=5.0)
             self.critic = self.respawn_critic()
-        if self.reference is not None:
-            self.reference.shutdown(timeout_s=5.0)
-            self.reference = self.respawn_reference()
         self.connect_weight_sync()
+
+    def replace_reference(self) -> None:
+        """Kill the reference group and start a fresh one (it never changes: nothing to load)."""
+        self.reference.shutdown(timeout_s=5.0)
+        self.reference = self.respawn_reference()
 
     def node_ids(self) -> dict[str, list[str]]:
         """The Ray node each actor runs on, per pool (summary.json's ``nodes``)."""

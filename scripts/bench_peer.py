@@ -140,7 +140,7 @@ def _prompts(work: Workload, count: int) -> tuple[str, bool, list[str], list[str
     from rlsys.data.tasks import load_task
     from rlsys.models.builtin import saved_char_tokenizer
     from rlsys.models.loading import load_tokenizer, resolve_model_path
-    from rlsys.trainers.rl.collector import RolloutCollector
+    from rlsys.trainers.collector import RolloutCollector
 
     cfg = load_config([f"model={work.model}", f"task={work.task}"])
     path = resolve_model_path(cfg.model)

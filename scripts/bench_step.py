@@ -68,8 +68,8 @@ def main() -> int:
                         records.append(metrics)
             finally:
                 controller.state.pipeline.stop()
-            tracker.close()
-            pools.shutdown()
+                tracker.close()
+                pools.shutdown()
     for record in records:  # what the stages do not explain: queues, Ray calls, batching
         record["overhead"] = record["perf/step_s"] - sum(
             record.get(f"time/{stage}", 0.0) for stage in STAGES

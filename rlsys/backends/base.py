@@ -228,7 +228,7 @@ class TrainingBackend(ABC):
     @torch.no_grad()
     def _map_rows(self, batch: TrainBatch, fn: Callable) -> tuple[np.ndarray, np.ndarray]:
         """Apply ``fn(tensors) -> (rows, ...) tensor`` to this rank's rows, micro-batch-wise."""
-        if self.model.training:  # eval() walks every module: a reference never leaves it
+        if self.module.training:  # eval() walks every module: a reference never leaves it
             self.model.eval()
         rows_out, chunks = [np.zeros(0, dtype=np.int64)], []
         for rows in forward_plan(len(batch), self.world_size, self.rank, self.micro):

@@ -511,15 +511,15 @@ class TrainConfig:
             self.learner.ppo_epochs > 1 or self.learner.num_mini_batches > 1
         ):
             raise ConfigError(
-                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so only its first "
-                "optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
+                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so only its "
+                "first optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
                 "learner.num_mini_batches=1, or use algorithm.policy_loss=ppo_clip"
             )
         if not algo.has_ratio and self.buffer.max_staleness > 0:
             raise ConfigError(
-                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so it cannot learn "
-                f"from buffer.max_staleness={self.buffer.max_staleness} versions old samples; "
-                "set buffer.max_staleness=0 or algorithm.policy_loss=ppo_clip"
+                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so it cannot "
+                f"learn from buffer.max_staleness={self.buffer.max_staleness} versions old "
+                "samples; set buffer.max_staleness=0 or algorithm.policy_loss=ppo_clip"
             )
         if self.critic.pretrain_steps and not algo.uses_critic:
             raise ConfigError(
@@ -549,7 +549,10 @@ class TrainConfig:
                 "placement.mode=colocated with learner.num_gpus_per_rank > 0 and "
                 "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
             )
-        for key, group in (("learner", self.learner), ("critic", self.critic)):
+        groups = [("learner", self.learner), ("critic", self.critic)]
+        if self.algorithm.uses_reference:
+            groups.append(("reference", self.reference.group(self.learner)))
+        for key, group in groups:
             if self.model.dtype == "float16" and not BACKENDS.trait(group.backend, "float16"):
                 raise ConfigError(
                     f"{key}.backend={group.backend} with model.dtype=float16 is not supported "

@@ -5,9 +5,13 @@ Every engine is built as ``ENGINES.get(name)(model_path, dtype, rollout_cfg, dev
 ``wake``, ``abort`` and a ``version`` attribute.
 """
 
+from collections.abc import Callable
+
+from rlsys.engines.base import RolloutEngine
 from rlsys.registry import Registry
 
-ENGINES: Registry = Registry("rollout engine", "rollout.engine")
+# a builder (model_path, dtype, rollout_cfg, device) -> engine, importing its module when called
+ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine", "rollout.engine")
 
 
 @ENGINES.register("hf")

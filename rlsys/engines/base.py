@@ -7,10 +7,12 @@ rollout worker's process and is called from one thread of that worker (``abort``
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rlsys.types import Completion, SamplingParams
-from rlsys.weight_sync.base import Bucket
+
+if TYPE_CHECKING:  # the config imports the engine registry: no torch here
+    from rlsys.weight_sync.base import Bucket
 
 
 @runtime_checkable

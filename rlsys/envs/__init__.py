@@ -7,7 +7,8 @@ from rlsys.envs.guess_number import GuessNumber
 from rlsys.envs.rollout import EpisodeRunner
 from rlsys.registry import Registry
 
-ENVS: Registry = Registry("environment", "task.env.name")
+# an environment factory class: ENVS.get(name)() makes the factory (rlsys/envs/base.py)
+ENVS: Registry[type[EnvironmentFactory]] = Registry("environment", "task.env.name")
 ENVS.register("calculator")(Calculator)
 ENVS.register("guess_number")(GuessNumber)
 

@@ -83,11 +83,6 @@ def encode_pairs(
     """The batch a reward model scores: each pair rendered (``render_pair``), tokenized with
     the reward model's own tokenizer (``reward_tokenizer``), right-padded and truncated from
     the left to ``max_length`` tokens."""
-    if len(prompts) != len(completions):
-        raise ValueError(
-            f"score got {len(prompts)} prompts but {len(completions)} completions; "
-            "pass one completion per prompt"
-        )
     texts = [render_pair(tokenizer, p, c, chat) for p, c in zip(prompts, completions, strict=True)]
     inputs = tokenizer(
         texts,

@@ -80,13 +80,16 @@ def sequence_scores(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """(B,) float scores of a sequence-classification model: its logit at each sequence's
-    last token that is not the pad token (what a reward model reads), with positions
-    counted over real tokens so left padding changes nothing."""
+    last token that is not the pad token (what a reward model reads). A left-padded batch
+    gets positions counted over real tokens, so the padding changes nothing; a right-padded
+    one (every row starts with a real token) leaves positions to the model, as an encoder
+    with offset positions (RoBERTa) needs."""
+    left_padded = not bool(attention_mask[:, 0].all())
     return (
         model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids(attention_mask),
+            position_ids=position_ids(attention_mask) if left_padded else None,
             use_cache=False,
         )
         .logits[:, 0]

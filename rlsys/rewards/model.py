@@ -47,27 +47,36 @@ class RewardModelScorer:
         self.resources = resources or ActorResources(
             cfg.num_cpus, cfg.num_gpus, threads or max(1, int(cfg.num_cpus))
         )
-        self.tokenizers = [self._tokenizer(i) for i in range(len(cfg.paths))]
+        self.tokenizers = self._tokenizers()
         self.groups: list[LearnerGroup] = []
         with ThreadPoolExecutor(len(cfg.paths), thread_name_prefix="reward-model") as pool:
-            started = list(pool.map(self._start, range(len(cfg.paths))))
+            futures = [pool.submit(self._start, i) for i in range(len(cfg.paths))]
+        started = [f.result() if f.exception() is None else f.exception() for f in futures]
         self.groups = [g for g in started if isinstance(g, LearnerGroup)]
-        failed = [g for g in started if isinstance(g, str)]
+        failed = [g for g in started if not isinstance(g, LearnerGroup)]
         if failed:
             self.shutdown()
+            errors = [g for g in failed if isinstance(g, BaseException)]
+            if errors:
+                raise errors[0]
             raise _not_loaded(failed)
         self._pool = ThreadPoolExecutor(len(self.groups), thread_name_prefix="reward-model")
 
     def _where(self, index: int, reason: str) -> str:
         return f"reward.model.paths[{index}]={self.cfg.paths[index]!r} ({reason})"
 
-    def _tokenizer(self, index: int):
-        """Entry ``index``'s tokenizer, loaded here before any actor starts (a typo in a path
-        fails in a second)."""
-        try:
-            return reward_tokenizer(self.cfg.paths[index])
-        except RewardModelLoadError as exc:
-            raise _not_loaded([self._where(index, str(exc))]) from exc
+    def _tokenizers(self) -> list:
+        """Every entry's tokenizer, loaded here before any actor starts (a typo in a path
+        fails in a second); every entry that has none is named."""
+        tokenizers, failed = [], []
+        for index, path in enumerate(self.cfg.paths):
+            try:
+                tokenizers.append(reward_tokenizer(path))
+            except RewardModelLoadError as exc:
+                failed.append(self._where(index, str(exc)))
+        if failed:
+            raise _not_loaded(failed)
+        return tokenizers
 
     def _start(self, index: int) -> LearnerGroup | str:
         """The group of entry ``index``, or why it did not load."""

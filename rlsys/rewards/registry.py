@@ -21,7 +21,8 @@ class RewardFn(Protocol):
     def __call__(self, prompt: str, completion: str, metadata: dict) -> float | dict: ...
 
 
-REWARDS: Registry = Registry("reward function", "task.reward")
+# a reward function, or a class with from_config(RewardConfig) that makes one
+REWARDS: Registry[RewardFn | type] = Registry("reward function", "task.reward")
 
 
 def build_reward(name: str, cfg, key: str = "task.reward") -> RewardFn:

@@ -19,7 +19,7 @@ from rlsys.data.tasks import TaskSplits
 from rlsys.pools import Pools
 from rlsys.run.progress import Progress
 from rlsys.run.tracking import Tracker
-from rlsys.trainers.rl.collector import RolloutCollector
+from rlsys.trainers.collector import RolloutCollector
 
 log = logging.getLogger(__name__)
 

@@ -162,17 +162,22 @@ class LearnerGroup:
             )
             for rank in range(cfg.world_size)
         ]
-        addr, port = ray.get(self.workers[0].address.remote())
-        ray.get(
-            [
-                w.setup.remote(addr, port, model_path, dtype, cfg, temperature, role, trainable)
-                for w in self.workers
-            ]
-        )
+        try:
+            addr, port = ray.get(self.workers[0].address.remote())
+            ray.get(
+                [
+                    w.setup.remote(addr, port, model_path, dtype, cfg, temperature, role, trainable)
+                    for w in self.workers
+                ]
+            )
+        except BaseException:  # a rank that failed to build its model: none stays behind
+            for w in self.workers:
+                ray.kill(w)
+            raise
 
     def _fan_out(self, batch: TrainBatch) -> list[tuple]:
-        """(rank, what to pass it) for a call on ``batch``: put once in the object store for
-        several ranks; passed inline to a single rank (the scoring loop calls a one-rank
+        """(rank's actor, what to pass it) for a call on ``batch``: put once in the object
+        store for several ranks; passed inline to a single rank (the scoring loop calls a one-rank
         reference per group, and a put cost it about 2 ms of each 6 ms call)."""
         ref = batch if len(self.workers) == 1 else ray.put(batch)
         return [(w, ref) for w in self.workers]

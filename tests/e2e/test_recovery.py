@@ -100,12 +100,25 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_reissued(
     assert summary["accounting"]["samples_trained"] == 5 * 8 * 4
 
 
-def test_a_killed_learner_rank_restores_the_last_checkpoint(ray_cpu, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("overrides", "victim_of"),
+    [
+        pytest.param([], lambda pools: pools.learner.workers[1], id="learner"),
+        pytest.param(  # frozen: replaced alone, the policy learner goes back to the checkpoint
+            ["algorithm.kl_coef=0.01", "reference.world_size=2"],
+            lambda pools: pools.reference.workers[1],
+            id="reference",
+        ),
+    ],
+)
+def test_a_killed_learner_rank_restores_the_last_checkpoint(
+    ray_cpu, tiny_model_dir, tmp_path, overrides, victim_of
+):
     summary, steps = _run(
         tmp_path,
         tiny_model_dir,
-        ["checkpoint.every=2"],
-        lambda pools: pools.learner.workers[1],
+        ["checkpoint.every=2", *overrides],
+        victim_of,
         kill_after_step=3,
         checkpoints=True,
     )

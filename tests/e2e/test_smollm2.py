@@ -19,7 +19,7 @@ from rlsys.config.loader import load_config
 from rlsys.config.schema import ModelConfig
 from rlsys.models import gguf
 from rlsys.models.loading import load_model, load_tokenizer, resolve_model_path
-from rlsys.trainers.rl.collector import PromptFormat
+from rlsys.trainers.collector import PromptFormat
 
 PATH = "gguf:smollm2-135m-instruct"
 

@@ -114,7 +114,7 @@ def test_train_plan_never_makes_more_mini_batches_than_rows():
 
 def test_bad_rows_and_long_prompts_are_skipped_and_counted_at_start(tmp_path, tiny_model_dir):
     from rlsys.models.loading import load_tokenizer
-    from rlsys.trainers.rl.collector import RolloutCollector
+    from rlsys.trainers.collector import RolloutCollector
 
     good = [{"q": f"{i}+1=", "a": i + 1} for i in range(30)]  # a number answer is fine
     bad = [

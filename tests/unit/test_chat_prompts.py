@@ -10,7 +10,7 @@ from rlsys.config.schema import TaskConfig
 from rlsys.data.tasks import QUESTION_MAX_NEW_TOKENS, arithmetic_problem, load_task
 from rlsys.models.loading import load_tokenizer
 from rlsys.rewards import REWARDS
-from rlsys.trainers.rl.collector import PromptFormat, RolloutCollector
+from rlsys.trainers.collector import PromptFormat, RolloutCollector
 from rlsys.types import Prompt
 
 # A ChatML-like template small enough to read; the char tokenizer covers every character in it.

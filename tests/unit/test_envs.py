@@ -16,7 +16,7 @@ from rlsys.envs.calculator import Calculator, evaluate
 from rlsys.envs.guess_number import GuessNumber
 from rlsys.envs.tools import ToolCall, ToolCallError, find_call, format_call
 from rlsys.models.loading import load_tokenizer
-from rlsys.trainers.rl.collector import RolloutCollector
+from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import Completion, Prompt, SamplingParams
 
 

@@ -20,7 +20,7 @@ from rlsys.config.preference import DPOConfig
 from rlsys.data.preferences import PairBatch, pair_margins, pairwise_accuracy, train_on_pairs
 from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
-from rlsys.trainers.rl.collector import RolloutCollector
+from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import Prompt
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import logging
 from rlsys.config.schema import TrainConfig
 from rlsys.data.preferences import load_pairs, pack_pairs, sample_replies
 from rlsys.data.tasks import TaskSplits
-from rlsys.trainers.rl.collector import RolloutCollector
+from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import SamplingParams
 
 log = logging.getLogger(__name__)

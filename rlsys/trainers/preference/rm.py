@@ -3,8 +3,8 @@ learner backend (FSDP2 or DeepSpeed), with held-out pairwise accuracy.
 
 The model is a sequence-classification head on the starting model's decoder (the SFT policy
 by default, as in InstructGPT); it is saved as a Hugging Face directory that
-``reward.model.paths`` takes as it is, and pairs are rendered and tokenized exactly as the
-reward-model worker renders what it scores.
+``reward.model.paths`` takes as it is, and pairs are rendered and tokenized exactly as a
+scoring reward model renders what it scores (``rlsys/models/reward_model.py``).
 """
 
 from __future__ import annotations

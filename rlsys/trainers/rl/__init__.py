@@ -1,2 +1,2 @@
-"""The RL program: the controller, its recovery and rollout-pool scaling, the run state they
-share, and the collector."""
+"""The RL program: the controller, its recovery and rollout-pool scaling, and the run state
+they share."""

@@ -55,12 +55,13 @@ from rlsys.faults import nonfinite_streak
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
-from rlsys.trainers.rl.collector import RolloutCollector
+from rlsys.trainers.collector import RolloutCollector
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.sample_metrics import episode_metrics, reward_component_metrics, sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan
 from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
+from rlsys.trainers.rl.step_metrics import batch_metrics, perf_metrics, train_metrics
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ def setup_frozen():
     the end) out of the cyclic garbage collector while the run trains. A full collection over
     it took 130-140 ms in the controller's process on this project's 2-core machine, and a
     rollout loop waited through one mid-generation (``scripts/bench_step.py``). Garbage is
-    collected first, and the set-up goes back to the collector at the end."""
+    collected first, and the set-up goes back to the collector at the end (with anything a
+    caller froze before: ``gc.unfreeze`` has no nesting)."""
     gc.collect()
     gc.freeze()
     try:
@@ -227,7 +229,11 @@ class Controller:
                 self.cfg.algorithm.max_sampling_rounds,
             )
         metrics = self._rollout_metrics()
-        metrics.update(self._batch_metrics(kept))
+        metrics.update(
+            batch_metrics(
+                kept, self.state.buffer, self.state.version, self.cfg.buffer.max_staleness
+            )
+        )
         if kept and self.tracker.samples_due(step):
             self.tracker.log_samples(step, sample_rows(kept, self.cfg.tracking.sample_table_rows))
         moved = False
@@ -252,7 +258,7 @@ class Controller:
         if hold:
             self.state.buffer.pause()
         self.state.buffer.step_done(self.state.version)
-        return self._perf_metrics(metrics, timer, time.perf_counter() - started)
+        return perf_metrics(metrics, timer.seconds, time.perf_counter() - started)
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """Whether this update needs a forward pass of its own before training (else the
@@ -283,7 +289,8 @@ class Controller:
             train = self.pools.learner.train_step(
                 batch, self.recipe.policy_objective(), self._seed(step)
             )
-        metrics.update(self._train_metrics(train, batch, token_kl))
+        kl_coef = self.recipe.kl_coef if token_kl is not None else None
+        metrics.update(train_metrics(train, batch, token_kl, kl_coef, self.state.version + 1))
         self._count_nonfinite(train.get("skipped_steps", 0.0), step)
         if token_kl is not None:
             self.recipe.update_kl_coef(token_kl, batch.loss_mask)
@@ -495,68 +502,6 @@ class Controller:
                 }
             )
         return out
-
-    def _batch_metrics(self, kept: list[RolloutGroup]) -> dict[str, float]:
-        """The batch's staleness histogram and partial rollouts, the queue's depth."""
-        out = {
-            "buffer/groups_kept": len(kept),
-            "buffer/queue_groups": len(self.state.buffer),
-            "buffer/in_flight_groups": self.state.buffer.in_flight,
-            "buffer/dropped_stale": self.state.buffer.stats.dropped_stale,
-            "buffer/dropped_filtered": self.state.buffer.stats.dropped_filtered,
-        }
-        samples = [s for g in kept for s in g.samples]
-        if not samples:
-            return out
-        lag = np.array([self.state.version - s.completion.version for s in samples])
-        out["buffer/staleness_mean"] = float(lag.mean())
-        out["buffer/staleness_max"] = int(lag.max())
-        for k in range(self.cfg.buffer.max_staleness + 1):
-            out[f"buffer/staleness_{k}"] = float((lag == k).mean())
-        out["rollout/partial_frac"] = float(
-            np.mean([len(set(s.completion.versions())) > 1 for s in samples])
-        )
-        return out
-
-    def _train_metrics(
-        self, train: dict[str, float], batch: TrainBatch, token_kl: np.ndarray | None
-    ) -> dict[str, float]:
-        out = {f"train/{k}": v for k, v in train.items()}
-        mask = batch.loss_mask > 0
-        # train/kl: per-token KL to the reference when there is one, else the update's drift.
-        out["train/kl"] = train.get("approx_kl", 0.0)
-        if token_kl is not None:
-            trained = mask.any(-1)
-            out["train/kl"] = float(token_kl[mask].mean()) if mask.any() else 0.0
-            out["train/kl_ref_seq"] = (
-                float(token_kl[trained].sum(-1).mean()) if trained.any() else 0.0
-            )
-            out["train/kl_coef"] = self.recipe.kl_coef
-        if not mask.any():
-            return out
-        # engine vs learner before the update: numerics, plus policy lag when async (the
-        # learner reports it when its training pass gave the old log-probabilities)
-        if batch.old_logprobs is not None:
-            out["train/logprob_mismatch"] = float(
-                np.abs(batch.behaviour_logprobs[mask] - batch.old_logprobs[mask]).mean()
-            )
-        out["train/advantage_abs"] = float(np.abs(batch.advantages[mask]).mean())
-        if batch.returns is not None:
-            out["critic/return_mean"] = float(batch.returns[mask].mean())
-            out["critic/value_mean_before"] = float(batch.values[mask].mean())
-        out["policy/version"] = self.state.version + 1
-        return out
-
-    def _perf_metrics(self, metrics: dict, timer: StageTimer, step_s: float) -> dict[str, float]:
-        samples = metrics.get("rollout/samples", 0)
-        tokens = samples * metrics.get("rollout/response_tokens", 0.0)
-        metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
-        compute_s = step_s - metrics.get("time/eval", 0.0)
-        metrics["perf/step_s"] = step_s
-        metrics["perf/samples_per_s"] = samples / compute_s
-        metrics["perf/tokens_per_s"] = tokens / compute_s
-        metrics["pool/learner_idle_frac"] = timer.seconds["wait_for_batch"] / compute_s
-        return metrics
 
     def _summary(self, wall: float, accounting: dict) -> dict:
         train_wall = wall - self.state.totals.eval_s

@@ -29,7 +29,7 @@ from rlsys.config.schema import TrainConfig
 from rlsys.faults import Restarts, dead_actors, is_actor_failure
 from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
-from rlsys.trainers.rl.collector import RolloutCollector
+from rlsys.trainers.collector import RolloutCollector
 from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
 
@@ -190,33 +190,31 @@ class Recovery:
     def recover(self, exc: Exception) -> bool:
         """A step failed in a worker process: replace the dead ones, go back to the latest
         checkpoint (or the start of the run) and go on. False for an error raised in this
-        process (a bug or bad input: it stands). A failure no rollout worker explains counts
-        as a learner restart, so a fault that repeats ends the run once
-        ``fault.max_learner_restarts`` are used."""
+        process (a bug or bad input: it stands). A failure no rollout worker explains (a dead
+        reference rank included) counts as a learner restart, so a fault that repeats ends
+        the run once ``fault.max_learner_restarts`` are used."""
         if not is_actor_failure(exc):
             return False
         self.state.pipeline.stop()
         self.scaler.drop_retired()
-        learners_dead, rollout_dead = dead_actors(self.pools)
+        dead = dead_actors(self.pools)
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
         log.warning(
             "step %d failed (%s); %s; restoring %s",
             self.state.totals.steps + 1,
             exc,
-            "a learner, critic or reference rank died"
-            if learners_dead
-            else f"rollout workers {rollout_dead} died"
-            if rollout_dead
-            else "no process died",
+            dead,
             latest or "the start of the run",
         )
         fault = self.cfg.fault
-        for worker in rollout_dead:
+        for worker in dead.rollout:
             self.restarts.count("rollout", fault.max_rollout_restarts, exc)
             self.pools.rollout.replace(worker)
-        if learners_dead or not rollout_dead:
+        if dead.learners or dead.reference or not dead.rollout:
             self.restarts.count("learner", fault.max_learner_restarts, exc)
-        if learners_dead or latest is None:  # fresh learners: dead ones, or weights to rewind
+        if dead.reference:  # frozen: a fresh group is the same reference
+            self.pools.replace_reference()
+        if dead.learners or latest is None:  # fresh learners: dead ones, or weights to rewind
             self.pools.replace_learners()
             self._new_learners()
         else:
