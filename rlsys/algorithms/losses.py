@@ -67,6 +67,7 @@ def gspo_loss(
     mask: torch.Tensor,
     clip_low: float,
     clip_high: float,
+    log_ratio_clamp: float = 10.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025), GSPO-token form (eq. 13).
 
@@ -75,12 +76,17 @@ def gspo_loss(
     every token carries ``s_t = sg[s] * pi_t / sg[pi_t]``, equal to ``s`` in value, with
     gradient ``s * grad log pi_t``. Aggregated with ``seq_mean_token_mean`` and one advantage
     per sequence this is exactly GSPO's sequence-level objective. Inputs (B, T-1).
+
+    Departure: the sequence log-ratio is clamped at ``log_ratio_clamp``
+    (``algorithm.gspo_log_ratio_clamp``, 10 as in the widely used reference implementation;
+    zero gradient beyond), so a stale sample's unclipped side (negative advantage) costs at
+    most ``|A| e^10`` per token instead of about 3e6 at the old bound of 20.
     """
     maskf = mask.to(logprobs.dtype)
     lengths = maskf.sum(-1, keepdim=True).clamp(min=1.0)
     seq_log_ratio = ((logprobs - old_logprobs) * maskf).sum(-1, keepdim=True) / lengths
     token_log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()
-    ratio = token_log_ratio.clamp(max=20.0).exp()
+    ratio = token_log_ratio.clamp(max=log_ratio_clamp).exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = unclipped.maximum(clipped)
@@ -114,6 +120,7 @@ class PolicyLossInputs:
     clip_low: float = 0.2  # algorithm.clip_eps
     clip_high: float = 0.2  # algorithm.clip_eps_high (or clip_eps)
     dual_clip: float | None = None  # algorithm.dual_clip
+    log_ratio_clamp: float = 10.0  # algorithm.gspo_log_ratio_clamp (gspo)
 
 
 # Traits: ``ratio`` (an importance ratio against old_logprobs: the loss stays right over
@@ -132,7 +139,15 @@ def ppo_clip(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
 
 @POLICY_LOSSES.register("gspo", ratio=True)
 def gspo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return gspo_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, x.clip_low, x.clip_high)
+    return gspo_loss(
+        x.logprobs,
+        x.old_logprobs,
+        x.advantages,
+        x.mask,
+        x.clip_low,
+        x.clip_high,
+        x.log_ratio_clamp,
+    )
 
 
 @POLICY_LOSSES.register("vanilla")

@@ -67,6 +67,8 @@ class PolicyObjective:
     dual_clip: float | None = None  # ppo_clip only
     kl_coef: float = 0.0  # weight of the KL loss term (0: none; a reward penalty is not here)
     kl_estimator: str = "k3"
+    kl_clamp: float | None = 10.0  # per-token bound of the KL term (see kl.kl_estimate)
+    gspo_log_ratio_clamp: float = 10.0  # see losses.gspo_loss
     entropy_coef: float = 0.0
     loss_agg: str = "token_mean"  # see losses.loss_weights
     loss_agg_norm: float | None = None  # seq_sum_norm's constant
@@ -93,6 +95,7 @@ class PolicyObjective:
                 clip_low=self.clip_low,
                 clip_high=self.clip_high,
                 dual_clip=self.dual_clip,
+                log_ratio_clamp=self.gspo_log_ratio_clamp,
             )
         )
         if from_this_pass and "behaviour_logprobs" in batch:
@@ -101,7 +104,7 @@ class PolicyObjective:
         if "is_weights" in batch:  # off-policy correction of the policy-gradient term only
             loss = loss * batch["is_weights"]
         if self.kl_coef > 0:
-            kl = kl_estimate(logprobs, batch["ref_logprobs"], self.kl_estimator)
+            kl = kl_estimate(logprobs, batch["ref_logprobs"], self.kl_estimator, self.kl_clamp)
             loss = loss + self.kl_coef * kl
             metrics["kl_ref"] = kl.detach()
         if self.entropy_coef > 0:

@@ -65,6 +65,7 @@ class Recipe:
             torch.tensor(batch.old_logprobs),  # copies: arrays from Ray are read-only
             torch.tensor(batch.ref_logprobs),
             self.cfg.kl_estimator,
+            self.cfg.kl_clamp,
         ).numpy()
         return kl * batch.loss_mask
 
@@ -134,6 +135,8 @@ class Recipe:
             dual_clip=cfg.dual_clip,
             kl_coef=self.kl_coef if cfg.kl_penalty == "loss" else 0.0,
             kl_estimator=cfg.kl_estimator,
+            kl_clamp=cfg.kl_clamp,
+            gspo_log_ratio_clamp=cfg.gspo_log_ratio_clamp,
             entropy_coef=cfg.entropy_coef,
             loss_agg=cfg.loss_agg,
             loss_agg_norm=float(cfg.loss_agg_norm or self.max_new_tokens),

@@ -33,12 +33,18 @@ class AlgorithmConfig:
     # grow, which keeps exploration alive; null makes the range symmetric (= clip_eps).
     clip_eps_high: float | None = 0.28
     dual_clip: float | None = None  # ppo_clip: bound negative-advantage losses at c * |A| (c > 1)
+    # gspo: the sequence log-ratio is clamped here (zero gradient beyond), bounding a stale
+    # sample's loss per token at |A| e^clamp
+    gspo_log_ratio_clamp: float = 10.0
     # How per-token losses become one number: token_mean | seq_mean_token_sum |
     # seq_mean_token_mean | seq_sum_norm (Dr.GRPO: token sum / loss_agg_norm, mean over sequences)
     loss_agg: str = "token_mean"
     loss_agg_norm: int | None = None  # seq_sum_norm's constant; null: the task's max_new_tokens
     kl_coef: float = 0.0  # > 0 starts the reference group and penalises KL(policy || reference)
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's low-variance estimator)
+    # Per-token KL estimates clamped to [-kl_clamp, kl_clamp] (zero gradient beyond): one stale
+    # or mismatched token cannot dominate the loss (k3 is 2,972 at a log-ratio of 8). null: none
+    kl_clamp: float | None = 10.0
     kl_penalty: str = "loss"  # "loss": a loss term; "reward": subtracted from token rewards
     kl_target: float | None = None  # adaptive coefficient (Ziegler 2019): target KL per sequence
     kl_horizon: int = 10000  # adaptive coefficient: samples over which it moves by up to 20%
@@ -69,6 +75,9 @@ class AlgorithmConfig:
 
         ADVANTAGES.check(self.advantage)
         POLICY_LOSSES.check(self.policy_loss)
+        if self.kl_clamp is not None:
+            positive("algorithm.kl_clamp", self.kl_clamp)
+        positive("algorithm.gspo_log_ratio_clamp", self.gspo_log_ratio_clamp)
         LOSS_AGGREGATIONS.check(self.loss_agg)
         KL_ESTIMATORS.check(self.kl_estimator)
         one_of("algorithm.kl_penalty", self.kl_penalty, KL_PENALTIES)

@@ -376,6 +376,36 @@ def test_kl_estimators_hand_values():
         kl_estimate(logp, ref, "k4")
 
 
+def test_one_extreme_token_moves_the_kl_term_by_at_most_the_clamp():
+    # log r = ref - logp = 8: k3 unclamped is e^8 - 9 = 2,972
+    logp = torch.tensor([0.0, -8.0, -0.1], requires_grad=True)
+    ref = torch.tensor([-0.1, 0.0, 0.0])
+    assert kl_estimate(logp, ref, "k3", clamp=None)[1].item() == pytest.approx(math.exp(8) - 9)
+    kl = kl_estimate(logp, ref, "k3")  # default clamp 10
+    assert kl[1].item() == 10.0
+    kl.sum().backward()
+    assert logp.grad[1] == 0.0 and logp.grad[0] != 0.0  # beyond the clamp: no gradient
+    # under the clamp the estimators are untouched
+    assert kl[0].item() == pytest.approx(math.exp(-0.1) - 1 + 0.1, rel=1e-5)
+    for kind in ("k1", "k2", "k3"):
+        extreme = kl_estimate(torch.tensor([-20.0]), torch.tensor([0.0]), kind, clamp=10.0)
+        assert abs(extreme.item()) <= 10.0
+
+
+def test_a_stale_sequence_moves_the_gspo_loss_by_at_most_its_clamp():
+    # a sample 15 nats more likely now than when generated, negative advantage: the unclipped
+    # side is -A * e^15 (3.3e6) without the guard
+    old = torch.zeros(1, 2)
+    logp = torch.full((1, 2), 15.0, requires_grad=True)
+    mask, adv = torch.ones(1, 2), torch.full((1, 2), -1.0)
+    loss, _ = gspo_loss(logp, old, adv, mask, 3e-4, 4e-4)  # default clamp 10
+    torch.testing.assert_close(loss, torch.full((1, 2), math.exp(10.0)))
+    loss.sum().backward()
+    assert torch.all(logp.grad == 0)  # beyond the clamp: no gradient
+    loose, _ = gspo_loss(logp.detach(), old, adv, mask, 3e-4, 4e-4, log_ratio_clamp=20.0)
+    torch.testing.assert_close(loose, torch.full((1, 2), math.exp(15.0)))
+
+
 def test_k3_is_an_unbiased_kl_estimate():
     p = torch.tensor([0.6, 0.3, 0.1])
     q = torch.tensor([0.2, 0.5, 0.3])
