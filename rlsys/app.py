@@ -373,7 +373,13 @@ def rm(cfg: TrainConfig) -> Path:
         if rollout is not None:
             rollout.shutdown()  # before the reward model's learners take the CPUs
     learner = LearnerGroup(
-        cfg.learner, placement.learner, start, cfg.model.dtype, 1.0, role="reward"
+        cfg.learner,
+        placement.learner,
+        start,
+        cfg.model.dtype,
+        1.0,
+        role="reward",
+        lora=cfg.model.lora,
     )
     tracker = Tracker(run_dir, cfg.tracking, run_dir.name, _plain(cfg), cfg.rm.max_steps, "rm ")
     final = run_dir / "checkpoints" / "final"
@@ -458,10 +464,11 @@ def _plain(cfg: TrainConfig) -> dict:
     return yaml.safe_load(to_yaml(cfg))
 
 
-def export_policy(checkpoint: str, out_dir: str) -> Path:
+def export_policy(checkpoint: str, out_dir: str, merge: bool = False) -> Path:
     """``rlsys export``: the policy of a checkpoint (``checkpoints/step_<N>`` or its
     ``policy/``; a run directory: its latest complete checkpoint) as a Hugging Face
-    directory, read straight from the shards."""
+    directory, read straight from the shards; a LoRA run's as a PEFT adapter directory, or
+    with ``merge`` as the model with its adapters merged in."""
     from rlsys.backends.export import export_hf
     from rlsys.checkpoint import CheckpointError, CheckpointStore, problem
 
@@ -500,7 +507,7 @@ def export_policy(checkpoint: str, out_dir: str) -> Path:
             "pass a directory path you can write"
         ) from exc
     try:
-        export_hf(str(path), str(out))
+        export_hf(str(path), str(out), merge)
     except FileNotFoundError as exc:  # the backend's own errors are CheckpointErrors
         raise CheckpointError(str(exc)) from exc
     return out

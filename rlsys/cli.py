@@ -59,17 +59,23 @@ def _parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help=EXPORT_HELP, description=EXPORT_HELP)
     export.add_argument("checkpoint", help="a run's checkpoints/step_<N> (or its policy/)")
     export.add_argument("out_dir", help="where the Hugging Face directory goes")
+    export.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: write the model with the adapters merged in (default: the PEFT "
+        "adapter directory alone, to load on the base model)",
+    )
     report = sub.add_parser("report", help=REPORT_HELP, description=REPORT_HELP)
     report.add_argument("run_dir", help="the run's directory (it holds metrics.jsonl)")
     return parser
 
 
-def _export(checkpoint: str, out_dir: str) -> int:
+def _export(checkpoint: str, out_dir: str, merge: bool) -> int:
     from rlsys.app import export_policy
     from rlsys.checkpoint import CheckpointError
 
     try:
-        print(f"exported: {export_policy(checkpoint, out_dir)}")
+        print(f"exported: {export_policy(checkpoint, out_dir, merge)}")
     except CheckpointError as exc:
         print(f"rlsys export: {exc}", file=sys.stderr)
         return 2
@@ -121,7 +127,7 @@ def _launch(args, cfg) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "export":
-        return _export(args.checkpoint, args.out_dir)
+        return _export(args.checkpoint, args.out_dir, args.merge)
     if args.command == "scale":
         return _scale(args.run_dir, args.targets)
     if args.command == "report":

@@ -60,7 +60,7 @@ class Roles:
     @classmethod
     def for_rl(cls, cfg: TrainConfig) -> Roles:
         """The pools ``cfg``'s algorithm needs (SFT uses ``Roles()``: none)."""
-        return cls(cfg.algorithm.uses_reference, cfg.algorithm.uses_critic, True)
+        return cls(cfg.reference_group, cfg.algorithm.uses_critic, True)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,11 @@ def _stop_started(started: Any) -> None:
         started.shutdown()
 
 
+def lora_scale(cfg: TrainConfig) -> float | None:
+    """What rollout workers merge the policy's adapters with (None: no LoRA)."""
+    return cfg.model.lora.scale if cfg.model.lora.enabled else None
+
+
 def start_pools(
     cfg: TrainConfig, model_path: str, roles: Roles, temperature: float | None = None
 ) -> Pools:
@@ -158,7 +163,12 @@ def start_pools(
 
     def respawn_learner() -> LearnerGroup:
         return LearnerGroup(
-            cfg.learner, placement.learner, model_path, cfg.model.dtype, temperature
+            cfg.learner,
+            placement.learner,
+            model_path,
+            cfg.model.dtype,
+            temperature,
+            lora=cfg.model.lora,
         )
 
     def respawn_critic() -> LearnerGroup:
@@ -182,7 +192,9 @@ def start_pools(
         )
 
     starters: dict[str, Callable[[], Any]] = {
-        "rollout": lambda: RolloutPool(cfg.rollout, placement.rollout, model_path, cfg.model.dtype),
+        "rollout": lambda: RolloutPool(
+            cfg.rollout, placement.rollout, model_path, cfg.model.dtype, lora_scale(cfg)
+        ),
         "learner": respawn_learner,
     }
     if roles.critic:

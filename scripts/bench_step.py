@@ -5,7 +5,9 @@
 Runs the controller for warm-up + measured steps and prints, per stage (generation, scoring,
 reference, learner logprobs, train, weight sync), the mean and spread of its seconds, and the
 overhead: step time minus the sum of the stages (queues, Ray calls, batching, bookkeeping); run
-it synchronous (the default ``buffer.max_staleness=0``) for the stages to add up. By default
+it synchronous (the default ``buffer.max_staleness=0``) for the stages to add up. It also
+prints the bytes a weight sync sends and the peak resident memory of the learner ranks and
+rollout engines (read from /proc: local Ray only). By default
 it starts from the untrained built-in model with group filtering off, so every step trains
 (stage costs do not depend on accuracy). ``--json PATH`` writes the figures as a list of records.
 """
@@ -66,6 +68,7 @@ def main() -> int:
                     metrics = controller.step(step)
                     if step > args.warmup:
                         records.append(metrics)
+                memory = _peak_memory(pools)
             finally:
                 controller.state.pipeline.stop()
                 tracker.close()
@@ -95,6 +98,8 @@ def main() -> int:
                 "rollout_workers": cfg.rollout.num_workers,
                 "samples_per_step": cfg.data.batch_size * cfg.rollout.n_samples,
                 "cpus": os.cpu_count(),
+                "weight_sync_bytes": statistics.mean(column("perf/weight_sync_bytes")),
+                **memory,
             }
         )
     print(
@@ -114,8 +119,29 @@ def main() -> int:
         f"samples/s {samples / step_mean:.0f}, tokens/s "
         f"{statistics.mean(column('perf/tokens_per_s')):.0f}"
     )
+    print(
+        f"weight sync {rows[0]['weight_sync_bytes'] / 2**20:.2f} MiB a step; peak RSS: "
+        f"learner rank {memory['learner_peak_rss_gib']:.2f} GiB, "
+        f"engine {memory['engine_peak_rss_gib']:.2f} GiB (largest of each)"
+    )
     write_records(args.json_path, rows)
     return 0
+
+
+def _peak_memory(pools) -> dict[str, float]:
+    """Peak resident memory (GiB) of the largest learner rank and rollout engine."""
+    import ray
+
+    from rlsys.run.bench import peak_rss_bytes
+
+    def largest(workers) -> float:
+        peaks = [peak_rss_bytes(pid) or 0 for pid in ray.get([w.pid.remote() for w in workers])]
+        return max(peaks) / 2**30
+
+    return {
+        "learner_peak_rss_gib": largest(pools.learner.workers),
+        "engine_peak_rss_gib": largest(pools.rollout.workers),
+    }
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 ``BACKENDS`` (``learner.backend`` / ``critic.backend``) maps each name to a builder that
 imports its backend module only when called (they import torch and deepspeed), so the config
 can validate names cheaply. A builder takes the learner config, ``TrainingBackend``'s
-leading arguments (``common`` in ``build_backend``) and ``trainable``; export.py's
+leading arguments (``common`` in ``build_backend``), ``trainable`` and ``lora``; export.py's
 ``CHECKPOINT_READERS`` reads each backend's checkpoints offline.
 """
 
@@ -19,25 +19,24 @@ if TYPE_CHECKING:
 
     from rlsys.backends.base import TrainingBackend
     from rlsys.config.learner import LearnerConfig
+    from rlsys.config.schema import LoraConfig
 
 Builder = Callable[..., "TrainingBackend"]
 BACKENDS: Registry[Builder] = Registry("training backend", "learner.backend")
 
 
 @BACKENDS.register("fsdp2", float16=True)  # deepspeed: no fp16 loss scaling here
-def _fsdp2(cfg: LearnerConfig, *common: Any, trainable: bool = True) -> TrainingBackend:
+def _fsdp2(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBackend:
     from rlsys.backends.fsdp import FSDP2Backend
 
-    return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile, trainable=trainable)
+    return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile, **kwargs)
 
 
 @BACKENDS.register("deepspeed")
-def _deepspeed(cfg: LearnerConfig, *common: Any, trainable: bool = True) -> TrainingBackend:
+def _deepspeed(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBackend:
     from rlsys.backends.deepspeed import DeepSpeedBackend
 
-    return DeepSpeedBackend(
-        *common, cfg.mixed_precision, cfg.compile, trainable=trainable, zero=cfg.deepspeed
-    )
+    return DeepSpeedBackend(*common, cfg.mixed_precision, cfg.compile, zero=cfg.deepspeed, **kwargs)
 
 
 def build_backend(
@@ -48,8 +47,10 @@ def build_backend(
     device: torch.device,
     role: str = "policy",
     trainable: bool = True,
+    lora: LoraConfig | None = None,
 ) -> TrainingBackend:
     """This rank's backend as ``cfg.backend`` names it (after ``init_process_group``);
-    ``trainable=False``: forward passes only, no optimizer (the reference policy)."""
+    ``trainable=False``: forward passes only, no optimizer (the reference policy);
+    ``lora``: train LoRA adapters only (``model.lora``)."""
     common = (model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role)
-    return BACKENDS.get(cfg.backend)(cfg, *common, trainable=trainable)
+    return BACKENDS.get(cfg.backend)(cfg, *common, trainable=trainable, lora=lora)

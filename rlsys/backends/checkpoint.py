@@ -2,12 +2,15 @@
 
 A backend checkpoint is one directory that every rank can see::
 
-    backend.json        who wrote it: backend, zero_stage, role, model_path, dtype, world_size
+    backend.json        who wrote it: backend, zero_stage, role, model_path, dtype, world_size,
+                        lora (the adapters' settings, or null)
     state.json          the backend's scalars: optimizer_steps, schedule_start, base_lr,
                         decay_steps, last_lr
     rng/rank_<r>.pt     rank r's torch RNG state (CPU, and CUDA on a GPU rank)
     dcp/                FSDP2: model + optimizer, sharded (torch.distributed.checkpoint)
     deepspeed/          DeepSpeed: engine.save_checkpoint(tag="state") (ZeRO partitions)
+
+With LoRA the model state is the adapters alone (the frozen base is model_path's).
 
 Every file is fsynced before the save returns; the caller makes the directory appear
 atomically (a rename) and fsyncs its parent.
@@ -36,6 +39,8 @@ _MATCH_FIXES = {
     "backend": "load it with the backend that wrote it (learner.backend / critic.backend)",
     "role": "a policy checkpoint loads into the policy learner, a value one into the critic",
     "dtype": "set model.dtype to the checkpoint's dtype",
+    "lora": "set model.lora.* to the checkpoint's (a LoRA checkpoint holds adapters only; a "
+    "full one has no adapters to resume)",
     "zero_stage": "set deepspeed.zero_stage to the checkpoint's stage",
     "world_size": "a DeepSpeed checkpoint loads only into as many ranks as wrote it: set "
     "world_size to the checkpoint's (FSDP2 checkpoints reshard to any world size)",

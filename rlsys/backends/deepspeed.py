@@ -89,8 +89,8 @@ class DeepSpeedBackend(TrainingBackend):
         if self.zero.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            return DeepSpeedCPUAdam(module.parameters(), adamw_mode=True, **self._adam_settings())
-        return self._adamw(module.parameters())
+            return DeepSpeedCPUAdam(self._trained(module), adamw_mode=True, **self._adam_settings())
+        return self._adamw(self._trained(module))
 
     def _ds_config(self) -> dict[str, Any]:
         """The engine's config; the learning rate is ours (set before every step)."""
@@ -142,7 +142,12 @@ class DeepSpeedBackend(TrainingBackend):
         return {**super()._info(), "zero_stage": self.zero.zero_stage}
 
     def _save_shards(self, root: Path) -> None:
-        self.engine.save_checkpoint(str(root / DS_DIR), tag=DS_TAG, save_latest=False)
+        self.engine.save_checkpoint(
+            str(root / DS_DIR),
+            tag=DS_TAG,
+            save_latest=False,
+            exclude_frozen_parameters=self.lora is not None,  # LoRA: the base never changes
+        )
 
     def _load_shards(self, root: Path) -> None:
         tag_dir = root / DS_DIR / DS_TAG
@@ -153,7 +158,10 @@ class DeepSpeedBackend(TrainingBackend):
             )
         check_deepspeed_files(tag_dir)
         loaded, _ = self.engine.load_checkpoint(
-            str(root / DS_DIR), tag=DS_TAG, load_lr_scheduler_states=False
+            str(root / DS_DIR),
+            tag=DS_TAG,
+            load_lr_scheduler_states=False,
+            load_module_strict=self.lora is None,
         )
         if loaded is None:
             raise BackendCheckpointError(

@@ -45,10 +45,13 @@ def _zero_model_state(root: Path) -> dict[str, torch.Tensor]:
     return get_fp32_state_dict_from_zero_checkpoint(str(root / DS_DIR), tag=DS_TAG)
 
 
-def export_hf(checkpoint_dir: str, out_dir: str) -> None:
+def export_hf(checkpoint_dir: str, out_dir: str, merge: bool = False) -> str:
     """Write the policy in the backend checkpoint ``checkpoint_dir`` as a Hugging Face
     directory ``out_dir`` (weights in the run's dtype + the tokenizer of its model_path),
-    loadable with ``AutoModelForCausalLM.from_pretrained``."""
+    loadable with ``AutoModelForCausalLM.from_pretrained``. A LoRA run's checkpoint holds
+    only adapters: it is written as a PEFT adapter directory (``PeftModel.from_pretrained``
+    on the base, vLLM's ``LoRARequest``), or with ``merge`` as the full model with the
+    adapters merged in. Returns what was written: "model" or "adapter"."""
     from transformers import AutoTokenizer
 
     from rlsys.models.loading import load_model
@@ -78,6 +81,8 @@ def export_hf(checkpoint_dir: str, out_dir: str) -> None:
             "export an earlier one"
         ) from exc
     model = load_model(info["model_path"], info["dtype"])
+    if info.get("lora"):
+        return _export_lora(root, state, info, model, out_dir, merge)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {n for n in missing if n in _tied_names(model)}
     if set(missing) - tied or unexpected:
@@ -88,6 +93,38 @@ def export_hf(checkpoint_dir: str, out_dir: str) -> None:
         )
     model.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(info["model_path"]).save_pretrained(out_dir)
+    return "model"
+
+
+def _export_lora(root: Path, state: dict, info: dict, model, out_dir: str, merge: bool) -> str:
+    """``export_hf`` of a LoRA checkpoint: ``state`` holds the adapters by model name."""
+    from transformers import AutoTokenizer
+
+    from rlsys.backends.base import merged_state
+    from rlsys.config.schema import LoraConfig
+    from rlsys.models import lora
+
+    cfg = LoraConfig(**info["lora"])
+    adapters = {lora.wire_name(name): tensor.to(model.dtype) for name, tensor in state.items()}
+    try:
+        if merge:
+            missing = set(lora.split(adapters)[1]) - set(model.state_dict())
+            if missing:
+                raise KeyError(sorted(missing)[:5])
+            model.load_state_dict(merged_state(model, adapters, cfg.scale), strict=False)
+        else:
+            lora.split(adapters)  # every A has its B
+    except (KeyError, ValueError) as exc:
+        raise ckpt.BackendCheckpointError(
+            f"backend checkpoint {root}: its LoRA adapters do not fit the model at "
+            f"{info['model_path']} ({exc}); export with the model_path the run started from"
+        ) from exc
+    if merge:
+        model.save_pretrained(out_dir)
+    else:
+        lora.save_peft_adapter(out_dir, adapters, cfg, info["model_path"])
+    AutoTokenizer.from_pretrained(info["model_path"]).save_pretrained(out_dir)
+    return "model" if merge else "adapter"
 
 
 def _tied_names(model: torch.nn.Module) -> set[str]:

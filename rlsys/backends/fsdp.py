@@ -14,7 +14,11 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -53,7 +57,7 @@ class FSDP2Backend(TrainingBackend):
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
         self.model = self.module = model
-        self.optimizer = self._adamw(model.parameters()) if self.trainable else None
+        self.optimizer = self._adamw(self._trained(model)) if self.trainable else None
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -73,19 +77,25 @@ class FSDP2Backend(TrainingBackend):
         self.optimizer.zero_grad(set_to_none=True)
         return norm, stepped
 
+    def _state_dicts(self) -> tuple[dict, dict]:
+        """Model and optimizer state as DCP saves and loads them; with LoRA the frozen base is
+        left out (it is the model at model_path, never changed)."""
+        options = StateDictOptions(ignore_frozen_params=self.lora is not None)
+        return get_state_dict(self.model, self.optimizer, options=options)
+
     def _full_weights(self) -> Iterator[tuple[str, torch.Tensor | None]]:
         for name, tensor in self._named_weights():
             full = _full(tensor)  # collective for a sharded parameter
             yield name, full if self.rank == 0 else None
 
     def _save_shards(self, root: Path) -> None:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self._state_dicts()
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(root / DCP_DIR))
 
     def _load_shards(self, root: Path) -> None:
         # Shapes come from this (possibly differently sharded) model; DCP reshards into them.
         check_dcp_metadata(root / DCP_DIR)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self._state_dicts()
         state = {"model": model_state, "optim": optim_state}
         try:
             dcp.load(state, checkpoint_id=str(root / DCP_DIR), planner=safe_load_planner())
@@ -100,4 +110,7 @@ class FSDP2Backend(TrainingBackend):
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
+            options=StateDictOptions(
+                ignore_frozen_params=self.lora is not None, strict=self.lora is None
+            ),
         )

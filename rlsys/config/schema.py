@@ -51,6 +51,45 @@ class ClusterConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021, built with PEFT) on the policy: the learner
+    trains only the adapters (optimizer state for them alone), weight sync sends only them
+    and each engine merges them into its copy of the base weights, and a KL term's reference
+    is the learner's own base model with the adapters off (see ``reference.from_lora_base``).
+    ``rlsys sft`` / ``rm`` / ``dpo`` take the same keys."""
+
+    rank: int = 0  # adapter rank r; 0: off (full fine-tuning)
+    alpha: float = 32.0  # the update is (alpha / rank) * B @ A
+    dropout: float = 0.0  # dropout on each adapter's input while training
+    # the nn.Linear modules (by name suffix) that get adapters: every linear layer of the
+    # attention and MLP blocks of Llama/Qwen/Mistral-style models; set your own for others
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+    def __post_init__(self) -> None:
+        non_negative("model.lora.rank", self.rank)
+        positive("model.lora.alpha", self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout={self.dropout} must be in [0, 1)")
+        if self.rank and not self.target_modules:
+            raise ConfigError(
+                "model.lora.target_modules is empty: name the linear modules that get "
+                f"adapters, e.g. {list(LORA_TARGETS)}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        """What the adapter's product B @ A is multiplied by."""
+        return self.alpha / self.rank
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
 class ModelConfig:
     """The policy model: a built-in tiny model, a local HF directory or a hub id."""
 
@@ -64,6 +103,7 @@ class ModelConfig:
     intermediate_size: int = 512  # MLP width
     max_position_embeddings: int = 256  # longest prompt + response in tokens
     tie_word_embeddings: bool = False  # Qwen2 default; tied embeddings slow a tiny model down
+    lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters (rank 0: off)
 
     def __post_init__(self) -> None:
         one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
@@ -271,6 +311,9 @@ class ReferenceConfig:
     backend: str | None = None
     num_cpus: float = 1.0  # CPUs per rank; also its torch thread count
     num_gpus: float = 0.0  # GPUs per rank (0: CPU)
+    # with model.lora.rank > 0: the reference log-probs come from the learner's own base model
+    # (adapters off) and no reference group starts; false: a separate reference group
+    from_lora_base: bool = True
 
     def __post_init__(self) -> None:
         positive("reference.world_size", self.world_size)
@@ -487,6 +530,21 @@ class TrainConfig:
     # the newest run in run.output_dir that has one), a run directory, or a checkpoint.
     resume: str | None = None
 
+    @property
+    def reference_from_learner(self) -> bool:
+        """Whether a KL term's reference log-probs come from the learner's base model with
+        its LoRA adapters off (no reference group)."""
+        return (
+            self.algorithm.uses_reference
+            and self.model.lora.enabled
+            and self.reference.from_lora_base
+        )
+
+    @property
+    def reference_group(self) -> bool:
+        """Whether the run starts a reference group (a KL term, and not from the learner)."""
+        return self.algorithm.uses_reference and not self.reference_from_learner
+
     def __post_init__(self) -> None:
         check_resume(self.resume)
         if self.eval.num_prompts > self.task.eval_size:
@@ -550,7 +608,7 @@ class TrainConfig:
                 "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
             )
         groups = [("learner", self.learner), ("critic", self.critic)]
-        if self.algorithm.uses_reference:
+        if self.reference_group:
             groups.append(("reference", self.reference.group(self.learner)))
         for key, group in groups:
             if self.model.dtype == "float16" and not BACKENDS.trait(group.backend, "float16"):

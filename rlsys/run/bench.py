@@ -50,3 +50,16 @@ def write_records(path: str | None, records: list[dict]) -> None:
     if path:
         Path(path).write_text(json.dumps(records, indent=2) + "\n")
         print(f"wrote {path}")
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """The peak resident memory of process ``pid`` on this machine (``VmHWM``), or None
+    where /proc does not tell (another OS, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 
 import numpy as np
 import ray
 
 from rlsys.algorithms.objectives import PolicyObjective, needs_old_logprobs
 from rlsys.config.learner import LearnerConfig
+from rlsys.config.schema import LoraConfig
 from rlsys.placement import ActorResources
 from rlsys.types import TrainBatch
 from rlsys.weight_sync.base import SendResult, SyncAddress, WeightTransport
@@ -40,6 +42,12 @@ class LearnerWorker:
         """The Ray node this rank runs on."""
         return ray.get_runtime_context().get_node_id()
 
+    def pid(self) -> int:
+        """The rank's process id (benchmarks read its peak memory)."""
+        import os
+
+        return os.getpid()
+
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the process-group rendezvous."""
         return ray.util.get_node_ip_address(), _free_port()
@@ -54,9 +62,10 @@ class LearnerWorker:
         temperature: float,
         role: str = "policy",
         trainable: bool = True,
+        lora: LoraConfig | None = None,
     ) -> None:
         """Join the learners' process group and build the backend ``cfg.backend`` names
-        (``trainable=False``: forward passes only, no optimizer)."""
+        (``trainable=False``: forward passes only, no optimizer; ``lora``: adapters only)."""
         import torch
         import torch.distributed as dist
 
@@ -71,10 +80,15 @@ class LearnerWorker:
             rank=self.rank,
             world_size=self.world_size,
         )
-        self.backend = build_backend(cfg, model_path, dtype, temperature, device, role, trainable)
+        self.backend = build_backend(
+            cfg, model_path, dtype, temperature, device, role, trainable, lora
+        )
 
     def forward_logprobs(self, batch: TrainBatch):
         return self.backend.forward_logprobs(batch)
+
+    def forward_base_logprobs(self, batch: TrainBatch):
+        return self.backend.forward_base_logprobs(batch)
 
     def forward_values(self, batch: TrainBatch):
         return self.backend.forward_values(batch)
@@ -154,8 +168,15 @@ class LearnerGroup:
         temperature: float,
         role: str = "policy",
         trainable: bool = True,
+        lora: LoraConfig | None = None,
     ) -> None:
         self.cfg = cfg
+        self.lora = lora if lora is not None and lora.enabled and trainable else None
+        # Calls may come from two driver threads (the controller trains while the scoring
+        # loop asks a LoRA learner for reference log-probs): each call reaches every rank
+        # before the next one starts to, so all ranks run them in one order (their
+        # collectives would deadlock otherwise).
+        self._submit = threading.Lock()
         self.workers = [
             LearnerWorker.options(**resources.actor_options()).remote(
                 rank, cfg.world_size, resources.threads, resources.num_gpus
@@ -166,7 +187,9 @@ class LearnerGroup:
             addr, port = ray.get(self.workers[0].address.remote())
             ray.get(
                 [
-                    w.setup.remote(addr, port, model_path, dtype, cfg, temperature, role, trainable)
+                    w.setup.remote(
+                        addr, port, model_path, dtype, cfg, temperature, role, trainable, lora
+                    )
                     for w in self.workers
                 ]
             )
@@ -182,8 +205,19 @@ class LearnerGroup:
         ref = batch if len(self.workers) == 1 else ray.put(batch)
         return [(w, ref) for w in self.workers]
 
+    def _each(self, method: str, *args) -> list[ray.ObjectRef]:
+        """Start ``method(*args)`` on every rank (atomically: see ``_submit``)."""
+        with self._submit:
+            return [getattr(w, method).remote(*args) for w in self.workers]
+
+    def _call(self, method: str, batch: TrainBatch, *args) -> list[ray.ObjectRef]:
+        """Start ``method(batch, *args)`` on every rank (atomically: see ``_submit``)."""
+        fan_out = self._fan_out(batch)
+        with self._submit:
+            return [getattr(w, method).remote(ref, *args) for w, ref in fan_out]
+
     def _gather_rows(self, method: str, batch: TrainBatch, dtype, shape=None) -> np.ndarray:
-        parts = get_all([getattr(w, method).remote(ref) for w, ref in self._fan_out(batch)])
+        parts = get_all(self._call(method, batch))
         out = np.zeros(batch.loss_mask.shape if shape is None else shape, dtype=dtype)
         for rows, values in parts:
             if len(rows):
@@ -193,6 +227,11 @@ class LearnerGroup:
     def forward_logprobs(self, batch: TrainBatch) -> np.ndarray:
         """(B, T-1) log-probabilities of ``batch`` under the current policy."""
         return self._gather_rows("forward_logprobs", batch, np.float32)
+
+    def forward_base_logprobs(self, batch: TrainBatch) -> np.ndarray:
+        """(B, T-1) log-probabilities of ``batch`` under the base model, LoRA adapters off:
+        a LoRA run's reference policy."""
+        return self._gather_rows("forward_base_logprobs", batch, np.float32)
 
     def forward_values(self, batch: TrainBatch) -> np.ndarray:
         """(B, T-1) critic values of ``batch`` (a ``role="value"`` group)."""
@@ -230,12 +269,7 @@ class LearnerGroup:
                 "old_logprobs (forward_logprobs before training): only a single optimizer step "
                 "can take them from its own training pass"
             )
-        metrics = get_all(
-            [
-                w.train_step.remote(ref, objective, mini, epochs, seed)
-                for w, ref in self._fan_out(batch)
-            ]
-        )
+        metrics = get_all(self._call("train_step", batch, objective, mini, epochs, seed))
         return metrics[0]
 
     def node_ids(self) -> list[str]:
@@ -244,25 +278,25 @@ class LearnerGroup:
 
     def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
         """Peak learning rate, and the optimizer steps a cosine schedule decays over."""
-        ray.get([w.set_lr.remote(lr, decay_steps) for w in self.workers])
+        ray.get(self._each("set_lr", lr, decay_steps))
 
     def publish_weights(self, version: int, bucket_bytes: int) -> list[ray.ObjectRef]:
         """Start sending the current weights as ``version``; one ref per rank (rank 0's
         resolves to its ``SendResult``)."""
-        return [w.publish_weights.remote(version, bucket_bytes) for w in self.workers]
+        return self._each("publish_weights", version, bucket_bytes)
 
     def save_hf(self, path: str) -> None:
         """Write the policy (or reward model) as a Hugging Face directory."""
-        get_all([w.save_hf.remote(path) for w in self.workers])
+        get_all(self._each("save_hf", path))
 
     def save_checkpoint(self, path: str) -> None:
         """Write model + optimizer state (sharded), schedule and RNG state into the directory
         ``path``, which every rank must see (one node or a shared file system)."""
-        get_all([w.save_checkpoint.remote(path) for w in self.workers])
+        get_all(self._each("save_checkpoint", path))
 
     def load_checkpoint(self, path: str) -> None:
         """Put every rank back in the state ``save_checkpoint(path)`` recorded."""
-        get_all([w.load_checkpoint.remote(path) for w in self.workers])
+        get_all(self._each("load_checkpoint", path))
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Leave the process group if ranks answer in time, then kill every rank regardless

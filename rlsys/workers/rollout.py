@@ -30,8 +30,16 @@ class RolloutWorker:
     torch (this project's 2-core machine)."""
 
     def __init__(
-        self, cfg: RolloutConfig, model_path: str, dtype: str, threads: int, num_gpus: float
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        dtype: str,
+        threads: int,
+        num_gpus: float,
+        lora_scale: float | None = None,
     ) -> None:
+        """An engine on ``model_path``; ``lora_scale``: the policy trains LoRA adapters (of
+        that alpha / rank) and weight syncs carry only them, merged here into the base."""
         from rlsys.engines import ENGINES
         from rlsys.runtime import limit_threads, pick_device, quiet_libraries
 
@@ -43,6 +51,11 @@ class RolloutWorker:
             ENGINES.get(cfg.engine), model_path, dtype, cfg, self.device
         )
         self.transport: WeightTransport | None = None
+        self.merge_adapters = None
+        if lora_scale is not None:
+            from rlsys.models.lora import AdapterMerger
+
+            self.merge_adapters = AdapterMerger(model_path, dtype, lora_scale)
 
     def _on_engine_thread(self, fn, *args):
         return self._engine_thread.submit(fn, *args).result()
@@ -64,9 +77,10 @@ class RolloutWorker:
 
     def update_weights(self, update: WeightUpdate) -> int:
         """Receive ``update`` and load it; returns the number of tensors loaded."""
-        return self._on_engine_thread(
-            self.engine.update_weights, self.transport.receive(update), update.version
-        )
+        buckets = self.transport.receive(update)
+        if self.merge_adapters is not None:  # adapters in, full weights of their modules out
+            buckets = self.merge_adapters(buckets)
+        return self._on_engine_thread(self.engine.update_weights, buckets, update.version)
 
     def abort(self) -> None:
         """Stop the generation in flight (it returns partial completions)."""
@@ -98,9 +112,16 @@ class RolloutPool:
     """``num_workers`` rollout workers; a batch of prompts is split evenly among them."""
 
     def __init__(
-        self, cfg: RolloutConfig, resources: ActorResources, model_path: str, dtype: str
+        self,
+        cfg: RolloutConfig,
+        resources: ActorResources,
+        model_path: str,
+        dtype: str,
+        lora_scale: float | None = None,
     ) -> None:
+        """``lora_scale``: see ``RolloutWorker``."""
         self.cfg, self.resources = cfg, resources
+        self.lora_scale = lora_scale
         self.model_path, self.dtype = model_path, cfg.dtype or dtype
         self.workers = [self._spawn() for _ in range(cfg.num_workers)]
         ray.get([w.version.remote() for w in self.workers])  # wait until every engine is up
@@ -109,7 +130,7 @@ class RolloutPool:
         res = self.resources
         # max_concurrency 2: abort() must reach a worker while generate() runs
         return RolloutWorker.options(**res.actor_options(max_concurrency=2)).remote(
-            self.cfg, self.model_path, self.dtype, res.threads, res.num_gpus
+            self.cfg, self.model_path, self.dtype, res.threads, res.num_gpus, self.lora_scale
         )
 
     def replace(self, worker: int) -> None:

@@ -90,12 +90,15 @@ def learner_config(kind: str, **optim) -> LearnerConfig:
     )
 
 
-def build(kind: str, model_dir: str, role: str = "policy", dtype: str = "float32", **optim):
-    """A backend of ``kind`` (see learner_config) on the CPU, in an initialised group."""
+def build(
+    kind: str, model_dir: str, role: str = "policy", dtype: str = "float32", lora=None, **optim
+):
+    """A backend of ``kind`` (see learner_config) on the CPU, in an initialised group;
+    ``lora``: a ``LoraConfig`` (adapters only)."""
     from rlsys.backends import build_backend
 
     cfg = learner_config(kind, **optim)
-    return build_backend(cfg, model_dir, dtype, 1.0, torch.device("cpu"), role)
+    return build_backend(cfg, model_dir, dtype, 1.0, torch.device("cpu"), role, lora=lora)
 
 
 def full_state(backend, bucket_bytes: int = 1 << 30) -> dict[str, torch.Tensor]:
@@ -105,3 +108,12 @@ def full_state(backend, bucket_bytes: int = 1 << 30) -> dict[str, torch.Tensor]:
         for bucket in backend.iter_weight_buckets(bucket_bytes)
         for k, v in bucket.items()
     }
+
+
+def train_on(backend, model_dir: str, objective) -> dict:
+    """Two more train_steps on fresh batches: their metrics and the weights after."""
+    metrics = [
+        backend.train_step(toy_batch(model_dir, seed), objective, 2, 1, seed=seed)
+        for seed in (1, 2)
+    ]
+    return {"metrics": metrics, "state": full_state(backend)}

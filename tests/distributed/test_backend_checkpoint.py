@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from backend_harness import NO_DEEPSPEED, build, full_state, run_ranks, toy_batch
+from backend_harness import NO_DEEPSPEED, build, full_state, run_ranks, toy_batch, train_on
 
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.backends.checkpoint import BackendCheckpointError
@@ -26,15 +26,6 @@ def _needs(kind: str) -> None:
         pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
 
 
-def _continue(backend, model_dir: str) -> dict:
-    """Two more train_steps on fresh batches: their metrics and the weights after."""
-    metrics = [
-        backend.train_step(toy_batch(model_dir, seed), OBJECTIVE, 2, 1, seed=seed)
-        for seed in (1, 2)
-    ]
-    return {"metrics": metrics, "state": full_state(backend)}
-
-
 def _save_then_train(rank, world_size, model_dir, kind, ckpt_dir, hf_dir):
     """One step (warm-up + cosine schedule), save, train on; then load into this used
     backend and train the same batches again."""
@@ -44,10 +35,10 @@ def _save_then_train(rank, world_size, model_dir, kind, ckpt_dir, hf_dir):
     backend.save_checkpoint(ckpt_dir)
     backend.save_hf(hf_dir)
     out = {"at_save": full_state(backend), "rand": torch.rand(3)}
-    out["continued"] = _continue(backend, model_dir)
+    out["continued"] = train_on(backend, model_dir, OBJECTIVE)
     backend.load_checkpoint(ckpt_dir)
     out["rand_reloaded"] = torch.rand(3)
-    out["reloaded"] = _continue(backend, model_dir)
+    out["reloaded"] = train_on(backend, model_dir, OBJECTIVE)
     return out
 
 
@@ -58,7 +49,7 @@ def _load_then_train(rank, world_size, model_dir, kind, ckpt_dir, resave_dir=Non
     out = {"rand": torch.rand(3), "loaded": full_state(backend)}
     if resave_dir:
         backend.save_checkpoint(resave_dir)
-    out["continued"] = _continue(backend, model_dir)
+    out["continued"] = train_on(backend, model_dir, OBJECTIVE)
     return out
 
 

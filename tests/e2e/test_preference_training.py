@@ -98,3 +98,26 @@ def test_conservative_dpo_raises_pairwise_accuracy(tmp_path):
     last = records[-1]
     assert np.isfinite(last["dpo/loss"]) and "dpo/reward_chosen" in last
     assert (tmp_path / "cdpo" / "checkpoints" / "final" / "config.json").exists()
+
+
+@pytest.mark.parametrize("command", ["rm", "dpo"])
+def test_lora_adapters_train_preferences_and_save_a_plain_model(tmp_path, command):
+    """`rlsys rm` / `rlsys dpo` with model.lora.rank: the adapters (and the reward model's
+    score head) learn, and checkpoints/final is a plain Hugging Face model with the adapters
+    merged in, which the reward-model worker or an engine loads as it is."""
+    steps = {"rm": ["rm.max_steps=30", "rm.eval_every=30", "rm.lr=2e-3"]}.get(
+        command, ["dpo.max_steps=20", "dpo.eval_every=20", "dpo.lr=2e-3", "eval.num_prompts=50"]
+    )
+    summary = run(command, tmp_path, command, "model.lora.rank=8", *steps)
+    assert summary["eval_pairwise_accuracy"] > summary["eval_pairwise_accuracy_before"] + 0.05
+    final = tmp_path / command / "checkpoints" / "final"
+    assert (final / "config.json").is_file() and not (final / "adapter_config.json").exists()
+    if command == "rm":
+        from rlsys.models.reward_model import load_reward_model
+
+        _, model = load_reward_model(str(final))
+    else:
+        from rlsys.models.loading import load_model
+
+        model = load_model(str(final))
+    assert not any("lora" in name or "base_layer" in name for name in model.state_dict())

@@ -79,3 +79,41 @@ def test_a_reference_sharded_over_two_ranks_scores_like_one(ray_cpu, tiny_model_
             batch,
         )
         np.testing.assert_allclose(two[mask], one[mask], atol=1e-5, err_msg=backend)
+
+
+def test_a_lora_run_takes_its_reference_from_the_learner_base(ray_cpu, tiny_model_dir):
+    """With LoRA and a KL term no reference group starts: the learner's base model (adapters
+    off) scores a batch exactly as a separate reference group does, after the adapters have
+    trained (so the policy itself no longer does), and the KL estimates agree."""
+    from rlsys.algorithms.kl import kl_estimate
+    from rlsys.algorithms.objectives import SFTObjective
+    from rlsys.pools import start_pools
+
+    batch = _batch(tiny_model_dir)
+    cfg = load_config(["algorithm.kl_coef=0.05", "model.lora.rank=8", "learner.optim.lr=1e-2"])
+    roles = Roles.for_rl(cfg)
+    assert cfg.algorithm.uses_reference and not roles.reference and cfg.reference_from_learner
+    pools = start_pools(cfg, tiny_model_dir, roles)
+    try:
+        assert pools.reference is None  # no reference workers, no copy of the model
+        for seed in range(3):
+            pools.learner.train_step(batch, SFTObjective(), seed=seed)
+        policy = pools.learner.forward_logprobs(batch)
+        base = pools.learner.forward_base_logprobs(batch)
+    finally:
+        pools.shutdown()
+    separate = _reference_logprobs(
+        load_config(
+            ["algorithm.kl_coef=0.05", "model.lora.rank=8", "reference.from_lora_base=false"]
+        ),
+        tiny_model_dir,
+        batch,
+    )
+    mask = batch.loss_mask > 0
+    np.testing.assert_allclose(base[mask], separate[mask], atol=1e-5)
+    assert np.abs(policy[mask] - base[mask]).max() > 0.05  # the adapters did move the policy
+    kind = cfg.algorithm.kl_estimator
+    kl_ours = kl_estimate(torch.from_numpy(policy), torch.from_numpy(base), kind).numpy()
+    kl_theirs = kl_estimate(torch.from_numpy(policy), torch.from_numpy(separate), kind).numpy()
+    np.testing.assert_allclose(kl_ours[mask], kl_theirs[mask], atol=1e-5)
+    assert np.abs(kl_ours[mask]).mean() > 1e-3

@@ -1,6 +1,7 @@
 """Exact resume: a run stopped by SIGTERM and resumed with ``resume=auto`` trains on the same
 batches with the same losses and rewards as a run that was never stopped (synchronous mode,
-CPU), for FSDP2 and DeepSpeed; FSDP2 also resumes on a different learner world size. And the
+CPU), for FSDP2 and DeepSpeed, with and without LoRA; FSDP2 also resumes on a different learner
+world size. And the
 ``rlsys train`` process itself: Ctrl-C checkpoints, exits 130 with a message, a fresh run
 refuses its directory, and ``resume=auto`` falls back past a damaged checkpoint and finishes
 the run."""
@@ -49,9 +50,13 @@ COMPARED = (
 )
 # ZeRO-2 resumes bitwise at the backend level (tests/distributed/test_backend_checkpoint.py);
 # end to end, ZeRO-3 (the harder sharding) stands for DeepSpeed.
+LORA = ["model.lora.rank=8", "learner.optim.lr=1e-2"]
 BACKENDS = {
     "fsdp2": [],
     "deepspeed_zero3": ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"],
+    # LoRA: checkpoints hold the adapters and their optimizer state alone
+    "fsdp2_lora": LORA,
+    "deepspeed_zero2_lora": [*LORA, "learner.backend=deepspeed", "learner.deepspeed.zero_stage=2"],
 }
 
 
@@ -120,7 +125,12 @@ def uninterrupted(ray_cpu, tmp_path_factory):
     "backend",
     # DeepSpeed resumes bitwise at the backend level in CI (test_backend_checkpoint.py); its
     # end-to-end case is in the long tier
-    ["fsdp2", pytest.param("deepspeed_zero3", marks=pytest.mark.long)],
+    [
+        "fsdp2",
+        pytest.param("deepspeed_zero3", marks=pytest.mark.long),
+        "fsdp2_lora",
+        pytest.param("deepspeed_zero2_lora", marks=pytest.mark.long),
+    ],
 )
 def test_stop_and_resume_matches_an_uninterrupted_run(uninterrupted, tmp_path, backend):
     extra = BACKENDS[backend]
@@ -140,14 +150,18 @@ def test_stop_and_resume_matches_an_uninterrupted_run(uninterrupted, tmp_path, b
         assert summary["accounting"]["balanced"]
     assert resumed["accounting"] == full["accounting"]
     assert resumed["eval_accuracy_before"] == full["eval_accuracy_before"]
-    # the last checkpoint, exported offline, is the policy the run exported at its end
-    _assert_same_weights(_export(resumed["last_checkpoint"], tmp_path), resumed["final_model"])
+    # the last checkpoint, exported offline, is the policy the run exported at its end (LoRA:
+    # with the adapters merged in, as the run's final model is)
+    exported = _export(
+        resumed["last_checkpoint"], tmp_path, *(["--merge"] if "lora" in backend else [])
+    )
+    _assert_same_weights(exported, resumed["final_model"])
 
 
-def _export(checkpoint: str, tmp_path: Path) -> Path:
+def _export(checkpoint: str, tmp_path: Path, *flags: str) -> Path:
     out = tmp_path / "exported"
     result = subprocess.run(
-        [sys.executable, "-m", "rlsys.cli", "export", checkpoint, str(out)],
+        [sys.executable, "-m", "rlsys.cli", "export", checkpoint, str(out), *flags],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -46,10 +46,13 @@ def _sequence_logprobs(token_logprobs: np.ndarray, loss_mask: np.ndarray) -> np.
 
 
 def cache_reference(pools: Pools, *batches: PairBatch) -> None:
-    """Score every pair under the current (starting) policy and keep the log-probabilities
-    on the batch as ``ref_logprobs``."""
+    """Score every pair under the starting policy and keep the log-probabilities on the
+    batch as ``ref_logprobs``; with LoRA under the base model, adapters off (the same
+    numbers before the first step, since an adapter starts at zero)."""
+    learner = pools.learner
+    score = learner.forward_base_logprobs if learner.lora else learner.forward_logprobs
     for pairs in batches:
-        pairs.batch.ref_logprobs = pools.learner.forward_logprobs(pairs.batch)
+        pairs.batch.ref_logprobs = score(pairs.batch)
 
 
 def evaluate_dpo(

@@ -118,7 +118,7 @@ class Controller:
         algo = cfg.algorithm
         if algo.uses_critic and pools.critic is None:
             raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
-        if algo.uses_reference and pools.reference is None:
+        if cfg.reference_group and pools.reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
         self.collector = RolloutCollector.for_task(
             pools.generate, tokenizer, cfg.task, cfg.reward, pools.scorer
@@ -193,7 +193,7 @@ class Controller:
         scoring = ScoringSide(
             self.collector.score,
             self.recipe.shape_rewards,
-            self._reference_logprobs if self.pools.reference is not None else None,
+            self._reference_logprobs if self.cfg.algorithm.uses_reference else None,
             self.pad_id,
         )
         return buffer, sampler, Pipeline(buffer, sampler, rollout, scoring)
@@ -327,9 +327,10 @@ class Controller:
             if moved:
                 self.state.version += 1
                 with timer("weight_sync"):
-                    self.pools.sync_weights(self.state.version)
+                    sent = self.pools.sync_weights(self.state.version)
+                metrics["perf/weight_sync_bytes"] = float(sent.num_bytes)
             if evaluate:
-                metrics = self._timed_evaluate()
+                metrics.update(self._timed_evaluate())
         return metrics
 
     def _greedy_baseline(self, groups: list[RolloutGroup]) -> np.ndarray | None:
@@ -451,6 +452,8 @@ class Controller:
         return self.cfg.run.seed * 1_000_003 + step * 101
 
     def _reference_logprobs(self, batch: TrainBatch) -> np.ndarray:
+        if self.cfg.reference_from_learner:  # the base model: the learner with adapters off
+            return self.pools.learner.forward_base_logprobs(batch)
         return self.pools.reference.forward_logprobs(batch)
 
     def _log_eval(self, step: int, metrics: dict[str, float]) -> float:
@@ -479,7 +482,7 @@ class Controller:
             **self.state.pipeline.pool_metrics(),
         }
         self.state.drawn, self.state.filtered = drawn, filtered
-        if self.pools.reference is not None:
+        if self.cfg.algorithm.uses_reference:
             out["time/reference"] = reference_s  # part of the scoring loop's busy time
             out["time/scoring"] -= reference_s
         if self.recipe.overlong_buffer and penalties:
