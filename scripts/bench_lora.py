@@ -91,6 +91,8 @@ def main() -> int:
             "steps": args.steps,
             "kl_coef": args.kl,
             "step_s": step,
+            "step_s_per_run": [run["step"]["seconds_mean"] for run in runs[name]],
+            "train_s_per_run": [run["train"]["seconds_mean"] for run in runs[name]],
             "samples_per_s": runs[name][0]["step"]["samples_per_step"] / step,
             "weight_sync_bytes": mean(name, "step", "weight_sync_bytes"),
             "learner_peak_rss_gib": mean(name, "step", "learner_peak_rss_gib"),
@@ -118,6 +120,9 @@ def main() -> int:
             a, b = a / 2**20, b / 2**20
         ratio = f"{b / a:>11.3f}" if a else f"{'-':>11}"
         print(f"{label:<26}{a:>12.4f}{b:>12.4f}{ratio}")
+    for record in records:
+        runs_s = ", ".join(f"{x:.2f}" for x in record["step_s_per_run"])
+        print(f"{record['variant']}: step s per run {runs_s}")
     if lora["weight_sync_bytes"]:
         print(
             f"weight sync bytes: full / lora = {full['weight_sync_bytes'] / lora['weight_sync_bytes']:.1f}x"
