@@ -5,13 +5,15 @@
 
 Runs ``rlsys train algorithm=<name>`` once per preset (a fresh process and Ray each), all
 from the same warm-started tiny model, with ``trainer.total_steps=--steps`` and
-``trainer.max_samples`` = steps x data.batch_size x rollout.n_samples, so a preset that draws
-extra samples (DAPO's dynamic sampling) stops when it has used the same number (ReMax's one
-greedy baseline reply per prompt is not counted: it is not trained on). Prints
-algorithm, steps, samples, wall seconds and held-out greedy accuracy before and after;
-``--json PATH`` writes those records (keys ``algorithm``, ``steps``, ``wall_s``,
-``eval_accuracy_before``, ``eval_accuracy_after``, ...). Extra ``key=value`` overrides go
-to every run.
+``trainer.max_samples`` = steps x data.batch_size x rollout.n_samples generated replies, so a
+preset that draws extra samples (DAPO's dynamic sampling) or generates a greedy baseline
+reply per prompt (ReMax) stops when it has generated the same number. Prints algorithm,
+steps, trained samples, generated replies, wall seconds, held-out greedy accuracy before and
+after, and the policy's token entropy at the end (the mean ``train/entropy`` of the last 10
+steps: entropy collapse is what several presets exist to prevent); ``--json PATH`` writes
+those records (keys ``algorithm``, ``steps``, ``samples``, ``replies``, ``wall_s``,
+``eval_accuracy_before``, ``eval_accuracy_after``, ``entropy_end``, ...). Extra
+``key=value`` overrides go to every run.
 """
 
 from __future__ import annotations
@@ -51,10 +53,13 @@ def run_preset(name: str, steps: int, overrides: list[str], out_dir: Path) -> di
         out_dir,
     )
     summary = run.summary
+    entropies = [m["train/entropy"] for m in run.metrics if "train/entropy" in m][-10:]
     return {
         "algorithm": name,
         "steps": summary["steps"],
         "samples": summary["samples"],
+        "replies": summary["accounting"]["samples_issued"] + summary.get("baseline_replies", 0),
+        "entropy_end": sum(entropies) / len(entropies) if entropies else float("nan"),
         "wall_s": summary["wall_s"],
         "process_wall_s": run.process_wall_s,
         "eval_accuracy_before": summary["eval_accuracy_before"],
@@ -84,13 +89,17 @@ def main() -> int:
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(args.out_dir or tmp)
-        print(f"{'algorithm':<24}{'steps':>6}{'samples':>9}{'wall s':>9}{'before':>8}{'after':>8}")
+        print(
+            f"{'algorithm':<24}{'steps':>6}{'samples':>9}{'replies':>9}{'wall s':>9}"
+            f"{'before':>8}{'after':>8}{'entropy':>9}"
+        )
         for name in names:
             record = run_preset(name, args.steps, args.overrides, out_dir)
             records.append(record)
             print(
-                f"{name:<24}{record['steps']:>6}{record['samples']:>9}{record['wall_s']:>9.0f}"
-                f"{record['eval_accuracy_before']:>8.3f}{record['eval_accuracy_after']:>8.3f}",
+                f"{name:<24}{record['steps']:>6}{record['samples']:>9}{record['replies']:>9}"
+                f"{record['wall_s']:>9.0f}{record['eval_accuracy_before']:>8.3f}"
+                f"{record['eval_accuracy_after']:>8.3f}{record['entropy_end']:>9.3f}",
                 flush=True,
             )
     write_records(args.json_path, records)

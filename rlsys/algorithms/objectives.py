@@ -185,6 +185,7 @@ class DPOObjective:
     beta: float = 0.1
     variant: str = "dpo"
     label_smoothing: float = 0.0
+    nll_coef: float = 0.0  # RPO's NLL term on the chosen replies (0: none)
     loss_agg: str = "seq_mean_token_mean"  # with spread_over_pairs: the mean over pairs
     loss_agg_norm: float | None = None
     entropy_grad: bool = False
@@ -193,12 +194,20 @@ class DPOObjective:
     def __call__(self, out: Tensors, batch: Tensors):
         mask = batch["loss_mask"]
         policy = (out["logprobs"] * mask).sum(-1)
+        tokens = mask.sum(-1)
         reference = (batch["ref_logprobs"] * mask).sum(-1)
         pairs = _pairs(policy, mask)
         if pairs is None:
             return _nothing(policy, mask)
         ref_chosen, ref_rejected = _pairs(reference, mask)
         loss, metrics = dpo_loss(
-            *pairs, ref_chosen, ref_rejected, self.beta, self.variant, self.label_smoothing
+            *pairs,
+            ref_chosen,
+            ref_rejected,
+            self.beta,
+            self.variant,
+            self.label_smoothing,
+            self.nll_coef,
+            tokens[0::2],
         )
         return _pair_loss(loss, metrics, mask)

@@ -79,6 +79,8 @@ def dpo_loss(
     beta: float,
     variant: str = "dpo",
     label_smoothing: float = 0.0,
+    nll_coef: float = 0.0,
+    chosen_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Direct preference optimisation on summed response log-probabilities (P,) of the policy
     and the frozen reference. With ``h = (log pi(y_w) - log ref(y_w)) - (log pi(y_l) -
@@ -93,10 +95,18 @@ def dpo_loss(
       beta``), which regresses the log-ratio gap to a finite target instead of pushing it to
       infinity on deterministic preferences.
 
+    ``nll_coef = a > 0`` adds ``a * NLL(y_w) / |y_w|``, the chosen reply's negative
+    log-likelihood per token (``chosen_tokens`` (P,) counts its tokens), to any variant: the
+    NLL term of RPO (Pang et al. 2024, "Iterative Reasoning Preference Optimization", eq. 1,
+    with a = 1). DPO's loss alone can be lowered by pushing both replies' likelihoods down, as
+    long as the rejected one falls faster; the probability mass then goes to replies neither
+    side holds (for a small model: malformed ones), which the NLL term prevents.
+
     Departure: IPO on summed (not length-averaged) log-probabilities, as in the paper; some
     implementations average over tokens. Metrics: the implicit rewards
     ``beta (log pi - log ref)`` of each side (``reward_chosen``, ``reward_rejected``), their
-    ``margin`` and ``accuracy`` (margin > 0)."""
+    ``margin`` and ``accuracy`` (margin > 0), and ``nll_chosen`` (per token) with the NLL
+    term."""
     variant_loss = PREFERENCE_LOSSES.get(variant)
     if beta <= 0:
         raise ValueError(f"dpo.beta={beta} must be positive")
@@ -110,6 +120,12 @@ def dpo_loss(
         "margin": beta * h.detach(),
         "accuracy": (h > 0).float(),
     }
+    if nll_coef > 0:
+        if chosen_tokens is None:
+            raise ValueError("dpo_loss: nll_coef > 0 needs chosen_tokens (the reply lengths)")
+        nll = -policy_chosen / chosen_tokens.clamp(min=1.0)
+        loss = loss + nll_coef * nll
+        metrics["nll_chosen"] = nll.detach()
     return loss, metrics
 
 

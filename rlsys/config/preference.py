@@ -82,6 +82,9 @@ class DPOConfig:
     loss: str = "dpo"  # dpo | ipo | cdpo (conservative DPO: dpo.label_smoothing of labels flipped)
     beta: float = 0.1  # strength of the KL tie to the reference (IPO: its tau)
     label_smoothing: float = 0.0  # cdpo only: the assumed fraction of flipped labels, < 0.5
+    # RPO: + nll_coef x the chosen reply's negative log-likelihood per token, which keeps DPO
+    # from lowering the likelihood of both replies (0: plain DPO/IPO/cDPO)
+    nll_coef: float = 0.0
     max_steps: int = 200  # optimizer steps (one batch of pairs each)
     batch_size: int = 64  # pairs per step
     lr: float = 1e-4  # peak AdamW rate (learner.optim's warm-up and schedule apply)
@@ -101,6 +104,7 @@ class DPOConfig:
                 f"dpo.label_smoothing={self.label_smoothing} only applies to dpo.loss=cdpo, "
                 f"not dpo.loss={self.loss}; set dpo.loss=cdpo or dpo.label_smoothing=0"
             )
+        non_negative("dpo.nll_coef", self.nll_coef)
         positive("dpo.max_steps", self.max_steps)
         positive("dpo.batch_size", self.batch_size)
         positive("dpo.lr", self.lr)

@@ -411,8 +411,9 @@ class TrainerConfig:
     total_steps: int = 400  # RL steps (one batch each)
     eval_every: int = 25  # greedy held-out eval every K steps (0: only before and after)
     max_wall_s: float | None = None  # stop early (with a final eval) after this many seconds
-    # Stop early (with a final eval) once this many samples were generated for training:
-    # compares algorithms at one sample budget (DAPO's dynamic sampling draws extra).
+    # Stop early (with a final eval) once this many replies were generated: compares
+    # algorithms at one sample budget (DAPO's dynamic sampling draws extra groups, and ReMax's
+    # greedy baseline reply per prompt counts too).
     max_samples: int | None = None
 
     def __post_init__(self) -> None:

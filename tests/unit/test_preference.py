@@ -111,6 +111,33 @@ def test_preference_loss_rejects_bad_arguments():
         dpo_loss(pc, pr, rc, rr, 0.0, "dpo")
 
 
+def test_rpo_adds_the_chosen_replies_nll_per_token():
+    pc, pr, rc, rr = _logps()
+    tokens = torch.tensor([3.0, 5.0, 2.0, 4.0])
+    plain, _ = dpo_loss(pc, pr, rc, rr, 0.5, "dpo")
+    loss, metrics = dpo_loss(pc, pr, rc, rr, 0.5, "dpo", nll_coef=2.0, chosen_tokens=tokens)
+    # NLL per token of the chosen side: 3/3, 5/5, 2/2, 4/4 = 1 each, times 2
+    assert torch.allclose(loss, plain + 2.0)
+    assert metrics["nll_chosen"].tolist() == [1.0, 1.0, 1.0, 1.0]
+    # the term's gradient raises every chosen reply's likelihood, 1/|y_w| per unit of a
+    loss.sum().backward()
+    dpo_grad = torch.autograd.grad(plain.sum(), pc)[0]
+    assert torch.allclose(pc.grad - dpo_grad, -2.0 / tokens)
+    with pytest.raises(ValueError, match="chosen_tokens"):
+        dpo_loss(pc, pr, rc, rr, 0.5, "dpo", nll_coef=1.0)
+
+
+def test_rpo_objective_counts_each_chosen_rows_tokens():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # one pair: chosen has 2 tokens
+    logprobs = torch.tensor([[-1.0, -3.0, -9.0], [-1.0, -1.0, -1.0]])
+    batch = {"loss_mask": mask, "ref_logprobs": logprobs.clone()}
+    plain, _ = DPOObjective(beta=0.1)({"logprobs": logprobs}, batch)
+    loss, metrics = DPOObjective(beta=0.1, nll_coef=1.0)({"logprobs": logprobs}, batch)
+    # chosen NLL per token (1 + 3) / 2 = 2 (the padded -9 is not counted)
+    assert torch.allclose(loss, plain + 2.0)
+    assert float(metrics["nll_chosen"][0, 0]) == pytest.approx(2.0)
+
+
 def test_spread_pair_losses_weigh_to_the_mean_over_pairs():
     """Rows of different lengths: the weighted token sum is exactly the mean pair loss."""
     mask = torch.zeros(6, 7)
@@ -206,6 +233,7 @@ def test_trim_padding_keeps_token_alignment():
         (["dpo.loss=cdpo", "dpo.label_smoothing=0.5"], "dpo.label_smoothing"),
         (["dpo.loss=kto"], "dpo.loss"),
         (["dpo.beta=0"], "dpo.beta"),
+        (["dpo.nll_coef=-1"], "dpo.nll_coef"),
         (["preference.eval_path=x.jsonl"], "preference.train_path"),
         (["rm.batch_size=0"], "rm.batch_size"),
     ],

@@ -105,7 +105,7 @@ def run_dpo(
     history = train_on_pairs(
         pools.learner,
         train,
-        DPOObjective(cfg.beta, cfg.loss, cfg.label_smoothing),
+        DPOObjective(cfg.beta, cfg.loss, cfg.label_smoothing, cfg.nll_coef),
         lambda step: evaluate_dpo(
             pools, collector, evals, eval_prompts, max_new_tokens, cfg.beta, version=step
         ),

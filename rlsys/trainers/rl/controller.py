@@ -163,13 +163,16 @@ class Controller:
         or a ``reset`` before a checkpoint loads)."""
         cfg, algo = self.cfg, self.cfg.algorithm
         budget = cfg.trainer.max_samples
+        greedy_baseline = ADVANTAGES.trait(algo.advantage, "greedy_baseline")
+        # every generated reply counts against the budget, ReMax's greedy one per prompt too
+        replies_per_group = cfg.rollout.n_samples + int(greedy_baseline)
         buffer = StreamingBuffer(
             cfg.data.batch_size,
             cfg.rollout.n_samples,
             cfg.buffer.max_staleness,
             has_reward_variance if algo.filter_uniform_groups else None,
             draw_rounds=algo.max_sampling_rounds if algo.dynamic_sampling else 1,
-            max_groups=None if budget is None else math.ceil(budget / cfg.rollout.n_samples),
+            max_groups=None if budget is None else math.ceil(budget / replies_per_group),
             max_steps=cfg.trainer.total_steps,
         )
         sampler = PromptSampler(
@@ -184,7 +187,7 @@ class Controller:
             self.sampling,
             prompts_per_request=cfg.rollout.prompts_per_request,
             seed=cfg.run.seed * 1_000_003,
-            greedy_baseline=ADVANTAGES.trait(algo.advantage, "greedy_baseline"),
+            greedy_baseline=greedy_baseline,
             partial=cfg.rollout.partial_rollouts,
             # late-bound: Recovery is built on the state these parts go into
             replace_worker=lambda worker, exc: self.recovery.replace_rollout_worker(worker, exc),
@@ -529,6 +532,10 @@ class Controller:
             "samples_dropped_filtered": self.state.buffer.stats.dropped_filtered,
             "samples_dropped_stale": self.state.buffer.stats.dropped_stale,
             "samples_continued": self.state.pipeline.samples_continued,
+            # ReMax: one greedy reply per issued prompt, generated but never trained on
+            "baseline_replies": accounting["samples_issued"] // self.cfg.rollout.n_samples
+            if ADVANTAGES.trait(self.cfg.algorithm.advantage, "greedy_baseline")
+            else 0,
             "reward_errors": self.collector.reward_errors,
             "prompts_skipped_too_long": self.collector.skipped_prompts,
             "policy_version": self.state.version,
