@@ -98,6 +98,215 @@ def gspo_loss(
     return loss, metrics
 
 
+def cispo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+    Attention"): clip the importance weight, not the update.
+
+    Per token ``-sg(w) * A * log pi`` with ``w = clip(ratio, 1 - clip_low, 1 + clip_high)``:
+    the weight is detached, so a token whose ratio left the range still has a gradient (a
+    bounded one), unlike PPO's clip which zeroes it. Inputs (B, T-1).
+
+    Departures: none in the gradient. The value is written ``-sg(w) * A * (1 + log pi -
+    sg(log pi))``: the same gradient, with PPO's surrogate value ``-w * A`` rather than
+    ``-w * A * log pi``, so ``train/loss`` stays comparable across presets. The log-ratio is
+    clamped to [-20, 20] (only the detached weight uses it). The report disables the lower
+    bound by a large ``clip_low`` (>= 1 here: the weight is never clipped below). Metrics: the
+    clipped-weight indicator and k3 KL(old || new).
+    """
+    log_ratio = (logprobs - old_logprobs).detach().clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = -advantages * weight * (1.0 + logprobs - logprobs.detach())
+    metrics = {
+        "clipped": (weight != ratio).float(),
+        "approx_kl": (-log_ratio).exp() - 1.0 + log_ratio,
+    }
+    return loss, metrics
+
+
+def gmpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    log_ratio_clamp: float = 10.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Geometric-Mean Policy Optimization (Zhao et al. 2025, "Geometric-Mean Policy
+    Optimization"): the sequence's ratio is the geometric mean of its clipped token ratios.
+
+    Per token, in log space, with ``s = sign(A)`` and ``l_t = log pi_t - log pi_old_t``:
+    ``c_t = s * min(s * l_t, s * clip(l_t, -clip_low, clip_high))`` (the pessimistic side, as
+    PPO's min); ``R = exp(mean_t c_t)`` over the sequence's trained tokens; objective ``R * A``.
+    Every token carries ``-A * exp(sg[m] + c_t - sg[c_t])`` with ``m = mean_t c_t``: value
+    ``-A * R``, gradient ``-A * R * grad c_t``. Aggregated with ``seq_mean_token_mean`` and one
+    advantage per sequence this is exactly GMPO's sequence objective and its gradient; with
+    per-token advantages each token uses its own sign and value. Inputs (B, T-1).
+
+    ``clip_low`` / ``clip_high`` (``algorithm.clip_eps`` / ``clip_eps_high``) are log-space
+    bounds here: the paper's range (e^-0.4, e^0.4) is 0.4 / 0.4. Departure: ``m`` is clamped
+    at ``log_ratio_clamp`` (``algorithm.gspo_log_ratio_clamp``; zero gradient beyond), which
+    only a negative advantage can reach (its ``c_t`` is unbounded above), so ``R`` stays
+    finite; token log-ratios are clamped to [-20, 20] first. Metrics: the clipped indicator
+    (``c_t != l_t``) and k3 KL(old || new) per token.
+    """
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    sign = advantages.sign()
+    bounded = log_ratio.clamp(-clip_low, clip_high)
+    clipped = sign * (sign * log_ratio).minimum(sign * bounded)
+    trained = mask > 0
+    lengths = trained.sum(-1, keepdim=True).clamp(min=1).to(logprobs.dtype)
+    seq_mean = clipped.where(trained, 0.0).sum(-1, keepdim=True) / lengths
+    token_log_ratio = seq_mean.detach() + clipped - clipped.detach()
+    loss = -advantages * token_log_ratio.clamp(max=log_ratio_clamp).exp()
+    detached = log_ratio.detach()
+    metrics = {
+        "clipped": ((clipped.detach() != detached) & (advantages != 0)).float(),
+        "approx_kl": (-detached).exp() - 1.0 + detached,
+    }
+    return loss, metrics
+
+
+def sapo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    tau_pos: float,
+    tau_neg: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Soft Adaptive Policy Optimization (Gao et al. 2025, Qwen team, "Soft Adaptive Policy
+    Optimization"): a smooth gate on the ratio instead of PPO's hard clip.
+
+    Per token ``-f(ratio) * A`` with ``f(r) = sigmoid(tau * (r - 1)) * 4 / tau``, ``tau`` being
+    ``tau_pos`` where ``A > 0`` and ``tau_neg`` otherwise. The gradient is ``A * w(r) * r *
+    grad log pi`` with ``w(r) = 4 sigmoid(x)(1 - sigmoid(x))``, ``x = tau (r - 1)``: exactly the
+    policy gradient at ``r = 1`` (``w = 1``), fading smoothly (faster for the larger
+    ``tau_neg``) as the ratio leaves 1, never cut to zero at a fixed range. Inputs (B, T-1).
+
+    Departure: the log-ratio is clamped to [-20, 20] (the gate saturates long before; this
+    only keeps ``exp`` finite on stale tokens). Metric: k3 KL(old || new).
+    """
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    positive = (advantages > 0).to(logprobs.dtype)
+    tau = tau_neg + (tau_pos - tau_neg) * positive
+    gate = (tau * (ratio - 1.0)).sigmoid() * 4.0 / tau
+    detached = log_ratio.detach()
+    return -advantages * gate, {"approx_kl": (-detached).exp() - 1.0 + detached}
+
+
+def token_covariance(
+    logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Per-token ``(log pi - mean log pi) * (A - mean A)``, means over the trained tokens of
+    ``mask``; detached, 0 off the mask (Cui et al. 2025's per-token covariance term)."""
+    trained = mask > 0
+    count = trained.sum().clamp(min=1).to(logprobs.dtype)
+    logp = logprobs.detach().where(trained, 0.0)
+    adv = advantages.detach().where(trained, 0.0)
+    cov = (logp - logp.sum() / count) * (adv - adv.sum() / count)
+    return cov.where(trained, 0.0)
+
+
+def _selection_size(ratio: float, trained: torch.Tensor) -> int:
+    """How many of the trained tokens a covariance method picks: ``floor(ratio * n)``, at
+    least one while any token is trained (the paper's ratios round to zero in small batches)."""
+    n = int(trained.sum())
+    return 0 if n == 0 else max(1, int(ratio * n + 1e-9))
+
+
+def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the ``k`` largest entries of ``scores`` (ties broken arbitrarily)."""
+    flat = scores.flatten()
+    chosen = flat.new_zeros(flat.shape)
+    if k > 0:
+        chosen.index_fill_(0, flat.topk(min(k, flat.numel())).indices, 1.0)
+    return chosen.view(scores.shape) > 0
+
+
+def clip_cov_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    cov_ratio: float,
+    cov_low: float,
+    cov_high: float,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
+    Reasoning Language Models"): PPO's clipped loss, with the gradient of a few random
+    high-covariance tokens detached, so they stop driving the entropy down.
+
+    ``cov_t = (log pi_t - mean log pi) * (A_t - mean A)`` (``token_covariance``); among the
+    trained tokens with ``cov_low <= cov_t <= cov_high`` it picks ``max(1, floor(cov_ratio *
+    n))`` (n trained tokens) uniformly at random and keeps their loss value but detaches its
+    gradient. Inputs (B, T-1); clip ranges and ``dual_clip`` as ``ppo_clip_loss``.
+
+    Departures: the means and n are over the micro-batch's trained tokens on this rank (the
+    paper: the batch); at least one token is picked (the paper's 2e-4 rounds to none in a
+    small micro-batch); tokens that PPO already clipped (no gradient) are not candidates; the
+    draw uses torch's default generator on the tensor's device (no generator of its own; the
+    learner does not seed it from ``run.seed``). Metrics: ``ppo_clip_loss``'s plus
+    ``cov_selected`` (the detached tokens).
+    """
+    loss, metrics = ppo_clip_loss(
+        logprobs, old_logprobs, advantages, clip_low, clip_high, dual_clip
+    )
+    cov = token_covariance(logprobs, advantages, mask)
+    trained = mask > 0
+    frozen = metrics["clipped"] + metrics.get("dual_clipped", 0.0) > 0  # no gradient already
+    candidates = trained & ~frozen & (cov >= cov_low) & (cov <= cov_high)
+    draw = cov.new_empty(cov.shape).uniform_().where(candidates, -1.0)
+    selected = _top(draw, _selection_size(cov_ratio, trained)) & candidates
+    metrics["cov_selected"] = selected.to(logprobs.dtype)
+    return loss.where(~selected, loss.detach()), metrics
+
+
+def kl_cov_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cov_ratio: float,
+    coef: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
+    Language Models"): the unclipped surrogate, plus a KL penalty on the tokens of
+    highest covariance between log-probability and advantage.
+
+    Per token ``-ratio * A``, plus ``coef * |log pi - log pi_old|`` on the
+    ``max(1, floor(cov_ratio * n))`` trained tokens of largest ``cov_t`` (``token_covariance``;
+    n trained tokens). The penalty is 0 with zero gradient at ratio 1, so it acts from the
+    second optimizer step on a batch (``learner.ppo_epochs`` or ``num_mini_batches`` > 1).
+    Inputs (B, T-1).
+
+    Departures: covariance means, n and the top-k are over the micro-batch's trained tokens on
+    this rank (the paper: the batch); at least one token is picked; the log-ratio is clamped
+    to [-20, 20]. Metrics: ``cov_selected`` (the penalised tokens) and k3 KL(old || new).
+    """
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    trained = mask > 0
+    cov = token_covariance(logprobs, advantages, mask).where(trained, float("-inf"))
+    selected = _top(cov, _selection_size(cov_ratio, trained)) & trained
+    penalty = coef * log_ratio.abs() * selected.to(logprobs.dtype)
+    detached = log_ratio.detach()
+    metrics = {
+        "cov_selected": selected.to(logprobs.dtype),
+        "approx_kl": (-detached).exp() - 1.0 + detached,
+    }
+    return -advantages * log_ratio.exp() + penalty, metrics
+
+
 def policy_gradient_loss(
     logprobs: torch.Tensor, advantages: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -120,7 +329,13 @@ class PolicyLossInputs:
     clip_low: float = 0.2  # algorithm.clip_eps
     clip_high: float = 0.2  # algorithm.clip_eps_high (or clip_eps)
     dual_clip: float | None = None  # algorithm.dual_clip
-    log_ratio_clamp: float = 10.0  # algorithm.gspo_log_ratio_clamp (gspo)
+    log_ratio_clamp: float = 10.0  # algorithm.gspo_log_ratio_clamp (gspo, gmpo)
+    sapo_tau_pos: float = 1.0  # algorithm.sapo_tau_pos
+    sapo_tau_neg: float = 1.05  # algorithm.sapo_tau_neg
+    cov_ratio: float = 0.02  # algorithm.cov_ratio (clip_cov, kl_cov)
+    clip_cov_low: float = 1.0  # algorithm.clip_cov_low
+    clip_cov_high: float = 5.0  # algorithm.clip_cov_high
+    kl_cov_coef: float = 1.0  # algorithm.kl_cov_coef
 
 
 # Traits: ``ratio`` (an importance ratio against old_logprobs: the loss stays right over
@@ -148,6 +363,50 @@ def gspo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
         x.clip_high,
         x.log_ratio_clamp,
     )
+
+
+@POLICY_LOSSES.register("cispo", ratio=True)
+def cispo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
+    return cispo_loss(x.logprobs, x.old_logprobs, x.advantages, x.clip_low, x.clip_high)
+
+
+@POLICY_LOSSES.register("gmpo", ratio=True)
+def gmpo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
+    return gmpo_loss(
+        x.logprobs,
+        x.old_logprobs,
+        x.advantages,
+        x.mask,
+        x.clip_low,
+        x.clip_high,
+        x.log_ratio_clamp,
+    )
+
+
+@POLICY_LOSSES.register("sapo", ratio=True)
+def sapo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
+    return sapo_loss(x.logprobs, x.old_logprobs, x.advantages, x.sapo_tau_pos, x.sapo_tau_neg)
+
+
+@POLICY_LOSSES.register("clip_cov", ratio=True, dual_clip=True)
+def clip_cov(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
+    return clip_cov_loss(
+        x.logprobs,
+        x.old_logprobs,
+        x.advantages,
+        x.mask,
+        x.clip_low,
+        x.clip_high,
+        x.cov_ratio,
+        x.clip_cov_low,
+        x.clip_cov_high,
+        x.dual_clip,
+    )
+
+
+@POLICY_LOSSES.register("kl_cov", ratio=True)
+def kl_cov(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
+    return kl_cov_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, x.cov_ratio, x.kl_cov_coef)
 
 
 @POLICY_LOSSES.register("vanilla")

@@ -68,7 +68,13 @@ class PolicyObjective:
     kl_coef: float = 0.0  # weight of the KL loss term (0: none; a reward penalty is not here)
     kl_estimator: str = "k3"
     kl_clamp: float | None = 10.0  # per-token bound of the KL term (see kl.kl_estimate)
-    gspo_log_ratio_clamp: float = 10.0  # see losses.gspo_loss
+    gspo_log_ratio_clamp: float = 10.0  # see losses.gspo_loss (and gmpo_loss)
+    sapo_tau_pos: float = 1.0  # see losses.sapo_loss
+    sapo_tau_neg: float = 1.05
+    cov_ratio: float = 0.02  # see losses.clip_cov_loss and kl_cov_loss
+    clip_cov_low: float = 1.0
+    clip_cov_high: float = 5.0
+    kl_cov_coef: float = 1.0
     entropy_coef: float = 0.0
     loss_agg: str = "token_mean"  # see losses.loss_weights
     loss_agg_norm: float | None = None  # seq_sum_norm's constant
@@ -96,6 +102,12 @@ class PolicyObjective:
                 clip_high=self.clip_high,
                 dual_clip=self.dual_clip,
                 log_ratio_clamp=self.gspo_log_ratio_clamp,
+                sapo_tau_pos=self.sapo_tau_pos,
+                sapo_tau_neg=self.sapo_tau_neg,
+                cov_ratio=self.cov_ratio,
+                clip_cov_low=self.clip_cov_low,
+                clip_cov_high=self.clip_cov_high,
+                kl_cov_coef=self.kl_cov_coef,
             )
         )
         if from_this_pass and "behaviour_logprobs" in batch:

@@ -17,7 +17,8 @@ class AlgorithmConfig:
     """Advantage estimator, policy loss, loss aggregation, KL and DAPO's sampling and shaping.
 
     The presets in conf/algorithm/ set these together (ppo, grpo, dr_grpo, dapo, gspo, rloo,
-    reinforce_pp, reinforce_pp_baseline, remax); docs/algorithms.md says what each one is.
+    reinforce_pp, reinforce_pp_baseline, remax, cispo, gmpo, sapo, clip_cov, kl_cov);
+    docs/algorithms.md says what each one is.
     """
 
     name: str = "grpo"  # label for logs and presets
@@ -27,15 +28,35 @@ class AlgorithmConfig:
     gamma: float = 1.0  # discount of gae, reinforce_pp and the KL-penalty reward-to-go
     lam: float = 0.95  # GAE lambda (bias-variance trade-off of the critic's advantages)
     whiten_advantages: bool = False  # normalise advantages over the batch's tokens (PPO)
-    policy_loss: str = "ppo_clip"  # ppo_clip | gspo (sequence-level ratio) | vanilla (REINFORCE)
-    clip_eps: float = 0.2  # ratio clip (low side); GSPO uses ~3e-4 (a sequence-level ratio)
+    # ppo_clip | gspo (sequence-level ratio) | vanilla (REINFORCE) | cispo (clipped, detached
+    # importance weight) | gmpo (geometric mean of token ratios) | sapo (soft sigmoid gate) |
+    # clip_cov / kl_cov (PPO with high-covariance tokens detached / unclipped with a KL
+    # penalty on them, against entropy collapse)
+    policy_loss: str = "ppo_clip"
+    # ratio clip (low side); GSPO uses ~3e-4 (a sequence-level ratio); cispo clips the weight
+    # (>= 1: no lower bound); gmpo reads clip_eps / clip_eps_high as log-ratio bounds (0.4)
+    clip_eps: float = 0.2
     # Clip-higher (DAPO): a wider upper range lets unlikely tokens with positive advantage
     # grow, which keeps exploration alive; null makes the range symmetric (= clip_eps).
     clip_eps_high: float | None = 0.28
-    dual_clip: float | None = None  # ppo_clip: bound negative-advantage losses at c * |A| (c > 1)
-    # gspo: the sequence log-ratio is clamped here (zero gradient beyond), bounding a stale
-    # sample's loss per token at |A| e^clamp
+    # ppo_clip, clip_cov: bound negative-advantage losses at c * |A| (c > 1)
+    dual_clip: float | None = None
+    # gspo, gmpo: the sequence log-ratio is clamped here (zero gradient beyond), bounding a
+    # stale sample's loss per token at |A| e^clamp
     gspo_log_ratio_clamp: float = 10.0
+    # sapo: temperature of the gate sigmoid(tau (ratio - 1)) * 4 / tau for positive advantages
+    # (a larger tau fades the gradient faster as the ratio leaves 1)
+    sapo_tau_pos: float = 1.0
+    # sapo: the gate's temperature for negative advantages; SAPO makes it the larger (1.05),
+    # as negative updates spread probability over many unsampled tokens
+    sapo_tau_neg: float = 1.05
+    # clip_cov, kl_cov: fraction of a micro-batch's trained tokens picked by covariance of
+    # log-probability and advantage (at least one); the paper's 2e-4 / 2e-3 suit batches of
+    # millions of tokens, not this project's micro-batches of ~100
+    cov_ratio: float = 0.02
+    clip_cov_low: float = 1.0  # clip_cov: tokens with covariance in [low, high] are candidates
+    clip_cov_high: float = 5.0  # clip_cov: upper end of that range
+    kl_cov_coef: float = 1.0  # kl_cov: weight of |log pi - log pi_old| on the picked tokens
     # How per-token losses become one number: token_mean | seq_mean_token_sum |
     # seq_mean_token_mean | seq_sum_norm (Dr.GRPO: token sum / loss_agg_norm, mean over sequences)
     loss_agg: str = "token_mean"
@@ -78,6 +99,20 @@ class AlgorithmConfig:
         if self.kl_clamp is not None:
             positive("algorithm.kl_clamp", self.kl_clamp)
         positive("algorithm.gspo_log_ratio_clamp", self.gspo_log_ratio_clamp)
+        positive("algorithm.sapo_tau_pos", self.sapo_tau_pos)
+        positive("algorithm.sapo_tau_neg", self.sapo_tau_neg)
+        if not 0 < self.cov_ratio <= 1:
+            raise ConfigError(
+                f"algorithm.cov_ratio={self.cov_ratio} must be in (0, 1]: it is the fraction of "
+                "a micro-batch's trained tokens that clip_cov / kl_cov pick (0.02 is usual here)"
+            )
+        if self.clip_cov_low > self.clip_cov_high:
+            raise ConfigError(
+                f"algorithm.clip_cov_low={self.clip_cov_low} exceeds algorithm.clip_cov_high="
+                f"{self.clip_cov_high}, so clip_cov has no candidate tokens; set clip_cov_low "
+                "<= clip_cov_high (the paper: 1 and 5)"
+            )
+        non_negative("algorithm.kl_cov_coef", self.kl_cov_coef)
         LOSS_AGGREGATIONS.check(self.loss_agg)
         KL_ESTIMATORS.check(self.kl_estimator)
         one_of("algorithm.kl_penalty", self.kl_penalty, KL_PENALTIES)

@@ -27,6 +27,10 @@ EXPECTED = {
     "reinforce_pp": ["train/kl_coef", "time/reference"],
     "reinforce_pp_baseline": ["train/kl_ref", "time/reference"],
     "gspo": ["train/clip_frac"],
+    "cispo": ["train/clip_frac"],
+    "gmpo": ["train/clip_frac"],
+    "clip_cov": ["train/clip_frac", "train/cov_selected"],
+    "kl_cov": ["train/cov_selected"],
 }
 
 
@@ -40,6 +44,11 @@ DOCUMENTED = [
     "reinforce_pp",
     "reinforce_pp_baseline",
     "remax",
+    "cispo",
+    "gmpo",
+    "sapo",
+    "clip_cov",
+    "kl_cov",
 ]
 
 
@@ -50,7 +59,17 @@ def test_every_documented_preset_exists():
 # CI runs one preset of each shape of run (policy only, critic, reference, greedy baseline,
 # dynamic sampling); presets that differ from these only in their loss or advantage function
 # (unit-tested in tests/unit/test_algorithms.py) run in the long tier.
-LOSS_VARIANTS = {"dr_grpo", "gspo", "rloo", "reinforce_pp_baseline"}
+LOSS_VARIANTS = {
+    "dr_grpo",
+    "gspo",
+    "rloo",
+    "reinforce_pp_baseline",
+    "cispo",
+    "gmpo",
+    "sapo",
+    "clip_cov",
+    "kl_cov",
+}
 
 
 @pytest.mark.parametrize(
