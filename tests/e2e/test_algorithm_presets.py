@@ -40,6 +40,9 @@ DOCUMENTED = [
     "reinforce_pp",
     "reinforce_pp_baseline",
     "remax",
+    "gpg",
+    "opo",
+    "pass_at_k",
 ]
 
 
@@ -50,7 +53,9 @@ def test_every_documented_preset_exists():
 # CI runs one preset of each shape of run (policy only, critic, reference, greedy baseline,
 # dynamic sampling); presets that differ from these only in their loss or advantage function
 # (unit-tested in tests/unit/test_algorithms.py) run in the long tier.
-LOSS_VARIANTS = {"dr_grpo", "gspo", "rloo", "reinforce_pp_baseline"}
+LOSS_VARIANTS = {"dr_grpo", "gspo", "rloo", "reinforce_pp_baseline", "gpg", "opo", "pass_at_k"}
+# Overrides a preset needs under SMALL: pass@k needs k below SMALL's 4 samples per prompt.
+EXTRA = {"pass_at_k": ["algorithm.pass_k=2"]}
 
 
 @pytest.mark.parametrize(
@@ -58,7 +63,7 @@ LOSS_VARIANTS = {"dr_grpo", "gspo", "rloo", "reinforce_pp_baseline"}
     [pytest.param(p, marks=pytest.mark.long) if p in LOSS_VARIANTS else p for p in PRESETS],
 )
 def test_preset_trains_end_to_end(name, run_controller):
-    summary, steps = run_controller(SMALL + [f"algorithm={name}"])
+    summary, steps = run_controller(SMALL + [f"algorithm={name}", *EXTRA.get(name, [])])
     assert summary["steps"] == 2 and len(steps) == 2
     assert summary["policy_version"] == 2  # both steps trained and synced
     for record in steps:
