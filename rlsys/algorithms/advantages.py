@@ -9,6 +9,9 @@ across them, and they get advantage 0. Outputs are float32.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 
 
@@ -58,6 +61,100 @@ def rloo_advantages(rewards: np.ndarray) -> np.ndarray:
         )
     others = (rewards.sum(axis=1, keepdims=True) - rewards) / (n - 1)
     return (rewards - others).astype(np.float32)
+
+
+def gpg_advantages(rewards: np.ndarray) -> np.ndarray:
+    """Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement
+    Learning Baseline for Model Reasoning"): group-centred rewards scaled by the paper's
+    gradient correction.
+
+    ``alpha * (r - mean_group(r))`` with ``alpha = B / (B - M)``: B samples in the batch, M of
+    them in groups whose rewards all tie (advantage exactly 0). Those samples still count in
+    the token-mean normaliser of the loss, so without alpha the gradient of the informative
+    groups would shrink by (B - M) / B; alpha undoes that without dropping the groups. With
+    ``filter_uniform_groups`` on, M = 0 and this is Dr.GRPO's advantage. rewards: (G, n) of
+    the whole batch (alpha is a batch statistic); every group uniform gives all zeros.
+
+    Departures: the paper's optional division by the group's reward std (its F_norm = std)
+    is left out, F_norm = 1 always (``grpo`` is the std-normalised form); a tie is exact
+    equality of the rewards the estimator sees (after overlong shaping).
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    uniform = rewards.max(axis=1) == rewards.min(axis=1)
+    centred = rewards - rewards.mean(axis=1, keepdims=True)
+    centred[uniform] = 0.0  # exactly: the mean of n equal floats may differ in the last bit
+    total = rewards.size
+    tied = int(uniform.sum()) * rewards.shape[1]
+    alpha = total / (total - tied) if tied < total else 1.0
+    return (alpha * centred).astype(np.float32)
+
+
+def opo_advantages(rewards: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """On-Policy RL with Optimal reward baseline (Hao et al. 2025, "On-Policy RL with Optimal
+    Reward Baseline"): the reward minus the group's length-weighted mean reward.
+
+    ``r_i - b`` with ``b = sum_j L_j r_j / sum_j L_j`` over the group, L_j the number of
+    trained tokens of sample j. The variance-minimising baseline of a policy gradient is
+    ``E[|grad log pi(o)|^2 r] / E[|grad log pi(o)|^2]``; the paper takes the squared gradient
+    norm of a sequence to grow in proportion to its length, which gives b. rewards and
+    lengths: (G, n).
+
+    Departures: L counts trained tokens (loss mask 1), so tool or environment tokens and
+    samples whose loss is masked out (``overlong_filter``) weigh less or nothing in the
+    baseline, as they add nothing to the gradient; a group with no trained token at all
+    falls back to the plain mean (its advantages then reach no token).
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if lengths.shape != rewards.shape:
+        raise ValueError(f"lengths {lengths.shape} do not match rewards {rewards.shape}")
+    total = lengths.sum(axis=1, keepdims=True)
+    weighted = (lengths * rewards).sum(axis=1, keepdims=True) / np.where(total > 0, total, 1.0)
+    baseline = np.where(total > 0, weighted, rewards.mean(axis=1, keepdims=True))
+    return (rewards - baseline).astype(np.float32)
+
+
+PASS_THRESHOLD = 0.5  # pass_at_k: a reward above this counts as a correct sample
+
+
+def pass_at_k_advantages(
+    rewards: np.ndarray, k: int, threshold: float = PASS_THRESHOLD
+) -> np.ndarray:
+    """Pass@k training, analytic advantages (Chen et al. 2025, "Pass@k Training for
+    Adaptively Balancing Exploration and Exploitation of Large Reasoning Models").
+
+    In a group of N samples, N_neg of them incorrect, the expected pass@k of a random k-subset
+    is ``R = 1 - C(N_neg, k) / C(N, k)`` and ``sigma = sqrt(R (1 - R))``; a correct sample
+    gets ``(1 - R) / sigma``, an incorrect one ``(1 - R - C(N_neg - 1, k - 1) / C(N - 1,
+    k - 1)) / sigma``, the ratio being the chance that a k-subset holding it fails: each is
+    the mean of ``(pass(S) - R) / sigma`` over the k-subsets S that hold the sample. Groups
+    with sigma = 0 get 0: all correct, all incorrect, and N_neg < k (every k-subset passes).
+    With k = 1 this is ``(r - mean) / std`` with the population std: GRPO on binary rewards.
+    The advantages of a group sum to zero. rewards: (G, n); 1 <= k < n (k = n: no signal).
+
+    Departures: the paper's rewards are binary; here a sample is correct when its reward is
+    above ``threshold`` (0.5: exact for 0/1 rewards; partial credit above one half counts as
+    a pass, at or below as a failure, so the scale of the credit is lost, and an overlong
+    penalty can turn a correct reply into a failure). Counts are combined exactly (integer
+    binomials, rationals) so a nearly-always-passing group keeps a finite advantage.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    n = rewards.shape[1]
+    if not 1 <= k < n:
+        raise ValueError(
+            f"pass@k needs 1 <= k < group size: algorithm.pass_k={k}, rollout.n_samples={n}"
+        )
+    correct = rewards > threshold
+    out = np.zeros(rewards.shape, dtype=np.float64)
+    for g, row in enumerate(correct):
+        neg = n - int(row.sum())
+        fail = Fraction(math.comb(neg, k), math.comb(n, k))  # 1 - R: every one of k fails
+        if fail in (0, 1):  # R = 1 or 0: sigma = 0, and so are the numerators
+            continue
+        sigma = math.sqrt(fail * (1 - fail))
+        with_neg = Fraction(math.comb(neg - 1, k - 1), math.comb(n - 1, k - 1))
+        out[g] = np.where(row, float(fail) / sigma, float(fail - with_neg) / sigma)
+    return out.astype(np.float32)
 
 
 def remax_advantages(rewards: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarray:

@@ -1,15 +1,16 @@
 """The advantage registry: each entry turns a batch's rewards (and values) into per-token
 advantages using the pure functions of ``advantages``.
 
-Outcome estimators (grpo, dr_grpo, rloo, remax) give one scalar per sequence; when the KL is
-a reward penalty, each token also gets the reward-to-go of the penalty that follows it, so
-the penalty reaches the tokens that caused it. Token estimators (reinforce_pp, gae) fold the
-penalty into their token rewards.
+Outcome estimators (grpo, dr_grpo, rloo, gpg, opo, pass_at_k, remax) give one scalar per
+sequence; when the KL is a reward penalty, each token also gets the reward-to-go of the
+penalty that follows it, so the penalty reaches the tokens that caused it. Token estimators
+(reinforce_pp, gae) fold the penalty into their token rewards.
 
 Traits of a registration: ``group`` (compares the samples of a prompt, so it needs
 rollout.n_samples >= 2), ``needs_critic`` (starts a critic pool and reads ``values``),
 ``greedy_baseline`` (the controller generates one greedy reply per prompt for
-``baseline_rewards``).
+``baseline_rewards``), ``pass_k`` (reads algorithm.pass_k, which must be below
+rollout.n_samples).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class AdvantageInputs:
     gamma: float = 1.0  # discount (gae, reinforce_pp and the KL reward-to-go)
     lam: float = 0.95  # GAE lambda
     normalize_std: bool = True  # grpo: divide by the group's reward std
+    pass_k: int = 4  # pass_at_k: the k of pass@k
 
 
 @dataclass
@@ -88,6 +90,22 @@ def dr_grpo(x: AdvantageInputs) -> Advantages:
 @ADVANTAGES.register("rloo", group=True)
 def rloo(x: AdvantageInputs) -> Advantages:
     return _per_token(x, A.rloo_advantages(_groups(x)))
+
+
+@ADVANTAGES.register("gpg", group=True)
+def gpg(x: AdvantageInputs) -> Advantages:
+    return _per_token(x, A.gpg_advantages(_groups(x)))
+
+
+@ADVANTAGES.register("opo", group=True)
+def opo(x: AdvantageInputs) -> Advantages:
+    lengths = (np.asarray(x.mask) > 0).sum(axis=1)
+    return _per_token(x, A.opo_advantages(_groups(x), lengths.reshape(-1, x.group_size)))
+
+
+@ADVANTAGES.register("pass_at_k", group=True, pass_k=True)
+def pass_at_k(x: AdvantageInputs) -> Advantages:
+    return _per_token(x, A.pass_at_k_advantages(_groups(x), x.pass_k))
 
 
 @ADVANTAGES.register("remax", greedy_baseline=True)

@@ -39,6 +39,33 @@ def k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return log_ratio.exp() - 1.0 - log_ratio
 
 
+@KL_ESTIMATORS.register("abs")
+def abs_kl(log_ratio: torch.Tensor) -> torch.Tensor:
+    """|log r|: non-negative, biased upward (E|log r| >= KL(pi || ref)). As a loss term its
+    gradient is sign-based, ``sign(log pi - log ref) * grad log pi``, with expectation twice
+    the gradient of the total variation distance TV(pi, ref): not zero-mean."""
+    return log_ratio.abs()
+
+
+@KL_ESTIMATORS.register("k1+")
+def k1_plus(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k1's value (unbiased) with k2's gradient (that of KL(pi || ref)), straight through:
+    ``k2 - sg(k2) + sg(k1)``."""
+    return _straight_through(k1(log_ratio), k2(log_ratio))
+
+
+@KL_ESTIMATORS.register("k3+")
+def k3_plus(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3's value (unbiased, non-negative, low variance) with k2's gradient (that of
+    KL(pi || ref)), straight through: ``k2 - sg(k2) + sg(k3)``."""
+    return _straight_through(k3(log_ratio), k2(log_ratio))
+
+
+def _straight_through(value: torch.Tensor, grad_of: torch.Tensor) -> torch.Tensor:
+    """Equal to ``value`` in value, with the gradient of ``grad_of``."""
+    return grad_of - grad_of.detach() + value.detach()
+
+
 KL_CLAMP = 10.0  # algorithm.kl_clamp's default
 
 
@@ -60,6 +87,12 @@ def kl_estimate(
     As a reward penalty each is a value. As a loss term what matters is its gradient under
     samples of pi: k2's is the gradient of KL(pi || ref); k3's (GRPO's choice) is that of the
     forward KL(ref || pi); k1's has expectation zero, so the config rejects k1 as a loss.
+    ``abs`` (|log r|, an upper bound of the KL in expectation) has a sign-based gradient of
+    unit size per token whose expectation is twice that of TV(pi, ref). The straight-through
+    ``k1+`` and ``k3+`` have the value of k1 / k3 (what is reported, and penalised as a
+    reward) and k2's gradient, so as a loss they give the unbiased gradient of KL(pi || ref)
+    while reporting an unbiased value. The clamp acts on the value: a token whose k1 / k3
+    value lies beyond it gets no gradient.
     """
     estimator = KL_ESTIMATORS.get(kind)
     kl = estimator((ref_logprobs - logprobs).clamp(-20.0, 20.0))

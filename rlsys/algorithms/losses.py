@@ -483,6 +483,22 @@ def seq_sum_norm(
     return mask / (norm * max(num_seqs, 1.0))
 
 
+@LOSS_AGGREGATIONS.register("token_sum")
+def token_sum(
+    mask: torch.Tensor, num_tokens: float, num_seqs: float, norm: float | None
+) -> torch.Tensor:
+    """The sum over every trained token of the mini-batch, no normaliser. Exact across ranks
+    and micro-batches like the others (each rank's loss is scaled by the world size against
+    the backends' gradient averaging).
+
+    The gradient is token_mean's times the mini-batch's token count (thousands), so with
+    plain SGD the learning rate would have to shrink by that factor. AdamW's update is
+    nearly blind to a constant scale, but ``learner.optim.grad_clip`` (a global-norm bound,
+    1.0) then clips almost every step, turning each step's gradient into a unit-norm
+    direction: raise the bound (or 0: off) to keep the sum's weighting across steps."""
+    return mask
+
+
 def loss_weights(
     mask: torch.Tensor,
     mode: str,
@@ -501,7 +517,9 @@ def loss_weights(
     - ``seq_mean_token_mean``: mean over a sequence's tokens, then over sequences (GRPO's
       original 1/|o| normaliser, and GSPO's);
     - ``seq_sum_norm``: sum over tokens divided by the constant ``norm`` (e.g. the generation
-      budget), mean over sequences: Dr.GRPO's length-unbiased form.
+      budget), mean over sequences: Dr.GRPO's length-unbiased form;
+    - ``token_sum``: the plain sum over every trained token (weights = mask): the gradient
+      scales with the mini-batch's token count, so the learning rate must shrink to match.
     """
     return LOSS_AGGREGATIONS.get(mode)(mask.float(), num_tokens, num_seqs, norm)
 

@@ -107,6 +107,7 @@ class Recipe:
                 gamma=cfg.gamma,
                 lam=cfg.lam,
                 normalize_std=cfg.normalize_std,
+                pass_k=cfg.pass_k,
             )
         )
         if cfg.whiten_advantages:

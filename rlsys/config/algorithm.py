@@ -17,14 +17,19 @@ class AlgorithmConfig:
     """Advantage estimator, policy loss, loss aggregation, KL and DAPO's sampling and shaping.
 
     The presets in conf/algorithm/ set these together (ppo, grpo, dr_grpo, dapo, gspo, rloo,
-    reinforce_pp, reinforce_pp_baseline, remax, cispo, gmpo, sapo, clip_cov, kl_cov);
-    docs/algorithms.md says what each one is.
+    gpg, opo, pass_at_k, reinforce_pp, reinforce_pp_baseline, remax, cispo, gmpo, sapo, clip_cov,
+    kl_cov); docs/algorithms.md says what each one is.
     """
 
     name: str = "grpo"  # label for logs and presets
-    # grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a critic)
+    # grpo | dr_grpo | rloo | gpg (r - mean, x B / (B - tied samples)) | opo (r - length-weighted
+    # group mean) | pass_at_k | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a
+    # critic)
     advantage: str = "grpo"
     normalize_std: bool = True  # grpo: divide by the group's reward std
+    # pass_at_k: the k of pass@k (1 <= k < rollout.n_samples; k = 1 is GRPO with the population
+    # std); a reward above 0.5 counts as a pass
+    pass_k: int = 4
     gamma: float = 1.0  # discount of gae, reinforce_pp and the KL-penalty reward-to-go
     lam: float = 0.95  # GAE lambda (bias-variance trade-off of the critic's advantages)
     whiten_advantages: bool = False  # normalise advantages over the batch's tokens (PPO)
@@ -59,10 +64,13 @@ class AlgorithmConfig:
     kl_cov_coef: float = 1.0  # kl_cov: weight of |log pi - log pi_old| on the picked tokens
     # How per-token losses become one number: token_mean | seq_mean_token_sum |
     # seq_mean_token_mean | seq_sum_norm (Dr.GRPO: token sum / loss_agg_norm, mean over sequences)
+    # | token_sum (no normaliser: the gradient grows with the tokens; scale the lr down)
     loss_agg: str = "token_mean"
     loss_agg_norm: int | None = None  # seq_sum_norm's constant; null: the task's max_new_tokens
     kl_coef: float = 0.0  # > 0 starts the reference group and penalises KL(policy || reference)
-    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's low-variance estimator)
+    # k1 | k2 | k3 (Schulman's low-variance estimator) | abs (|log r|) | k1+ / k3+ (the value
+    # of k1 / k3 with k2's gradient, that of KL(policy || reference))
+    kl_estimator: str = "k3"
     # Per-token KL estimates clamped to [-kl_clamp, kl_clamp] (zero gradient beyond): one stale
     # or mismatched token cannot dominate the loss (k3 is 2,972 at a log-ratio of 8). null: none
     kl_clamp: float | None = 10.0
@@ -95,6 +103,11 @@ class AlgorithmConfig:
         from rlsys.algorithms.offpolicy import OFF_POLICY_CORRECTIONS
 
         ADVANTAGES.check(self.advantage)
+        if self.pass_k < 1:
+            raise ConfigError(
+                f"algorithm.pass_k={self.pass_k} must be >= 1 (the k of pass@k); set it to a k "
+                "below rollout.n_samples, e.g. 4 with 8 samples"
+            )
         POLICY_LOSSES.check(self.policy_loss)
         if self.kl_clamp is not None:
             positive("algorithm.kl_clamp", self.kl_clamp)
@@ -194,6 +207,13 @@ class AlgorithmConfig:
         from rlsys.algorithms.estimators import ADVANTAGES
 
         return ADVANTAGES.trait(self.advantage, "group")
+
+    @property
+    def uses_pass_k(self) -> bool:
+        """Whether the estimator reads ``pass_k`` (which must then be below n_samples)."""
+        from rlsys.algorithms.estimators import ADVANTAGES
+
+        return ADVANTAGES.trait(self.advantage, "pass_k")
 
     @property
     def has_ratio(self) -> bool:

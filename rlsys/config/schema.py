@@ -597,6 +597,13 @@ class TrainConfig:
                 f"{self.algorithm.advantage} compares the samples of a prompt and needs at "
                 "least 2; set rollout.n_samples=2 or more"
             )
+        if algo.uses_pass_k and algo.pass_k >= self.rollout.n_samples:
+            raise ConfigError(
+                f"algorithm.pass_k={algo.pass_k} with rollout.n_samples="
+                f"{self.rollout.n_samples}: pass@k needs k < n_samples (at k = n_samples every "
+                "group's pass@k is certain and every advantage 0); lower algorithm.pass_k or "
+                "raise rollout.n_samples"
+            )
         transport = self.weight_sync.transport
         if TRANSPORTS.trait(transport, "colocated_gpus") and not (
             self.learner.num_gpus_per_rank > 0

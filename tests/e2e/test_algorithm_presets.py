@@ -49,6 +49,9 @@ DOCUMENTED = [
     "sapo",
     "clip_cov",
     "kl_cov",
+    "gpg",
+    "opo",
+    "pass_at_k",
 ]
 
 
@@ -69,7 +72,12 @@ LOSS_VARIANTS = {
     "sapo",
     "clip_cov",
     "kl_cov",
+    "gpg",
+    "opo",
+    "pass_at_k",
 }
+# Overrides a preset needs under SMALL: pass@k needs k below SMALL's 4 samples per prompt.
+EXTRA = {"pass_at_k": ["algorithm.pass_k=2"]}
 
 
 @pytest.mark.parametrize(
@@ -77,7 +85,7 @@ LOSS_VARIANTS = {
     [pytest.param(p, marks=pytest.mark.long) if p in LOSS_VARIANTS else p for p in PRESETS],
 )
 def test_preset_trains_end_to_end(name, run_controller):
-    summary, steps = run_controller(SMALL + [f"algorithm={name}"])
+    summary, steps = run_controller(SMALL + [f"algorithm={name}", *EXTRA.get(name, [])])
     assert summary["steps"] == 2 and len(steps) == 2
     assert summary["policy_version"] == 2  # both steps trained and synced
     for record in steps:

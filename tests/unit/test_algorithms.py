@@ -143,13 +143,24 @@ def test_the_builtin_estimators_are_registered_with_their_traits():
     assert ADVANTAGES.names() == [
         "dr_grpo",
         "gae",
+        "gpg",
         "grpo",
+        "opo",
+        "pass_at_k",
         "reinforce_pp",
         "reinforce_pp_baseline",
         "remax",
         "rloo",
     ]
-    assert ADVANTAGES.names(group=True) == ["dr_grpo", "grpo", "reinforce_pp_baseline", "rloo"]
+    assert ADVANTAGES.names(group=True) == [
+        "dr_grpo",
+        "gpg",
+        "grpo",
+        "opo",
+        "pass_at_k",
+        "reinforce_pp_baseline",
+        "rloo",
+    ]
     assert ADVANTAGES.names(needs_critic=True) == ["gae"]
     assert ADVANTAGES.names(greedy_baseline=True) == ["remax"]
 
