@@ -33,7 +33,7 @@ from rlsys.config.learner import OptimConfig
 from rlsys.config.schema import LoraConfig
 from rlsys.models import blocks, lora
 from rlsys.models.attention import use_fp32_attention
-from rlsys.models.loading import load_model
+from rlsys.models.loading import load_model, save_tokenizer
 from rlsys.models.logprobs import first_scored, greedy_next_tokens, token_logprobs
 from rlsys.models.reward_model import load_reward_model
 from rlsys.models.value import load_score_model, load_value_model, sequence_scores, token_values
@@ -455,8 +455,6 @@ class TrainingBackend(ABC):
         for bucket in self.iter_weight_buckets(1 << 30):
             state.update(bucket)
         if self.rank == 0:
-            from transformers import AutoTokenizer
-
             model = self._load_module(for_training=False)
             if self.lora is not None:  # adapters merged into the base: a plain HF model
                 state = merged_state(model, state, self.lora.scale)
@@ -465,10 +463,8 @@ class TrainingBackend(ABC):
             if out.exists():
                 shutil.rmtree(out)
             model.save_pretrained(out)
-            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            if self.role == "reward":  # how a reward model pads: see reward_tokenizer
-                tokenizer.padding_side = "right"
-            tokenizer.save_pretrained(out)
+            # how a reward model pads: see reward_tokenizer
+            save_tokenizer(self.model_path, str(out), "right" if self.role == "reward" else None)
         dist.barrier()
 
     # ---- checkpoints ----------------------------------------------------------------------

@@ -52,9 +52,7 @@ def export_hf(checkpoint_dir: str, out_dir: str, merge: bool = False) -> str:
     only adapters: it is written as a PEFT adapter directory (``PeftModel.from_pretrained``
     on the base, vLLM's ``LoRARequest``), or with ``merge`` as the full model with the
     adapters merged in. Returns what was written: "model" or "adapter"."""
-    from transformers import AutoTokenizer
-
-    from rlsys.models.loading import load_model
+    from rlsys.models.loading import load_model, save_tokenizer
 
     root = Path(checkpoint_dir)
     info = ckpt.read_json(root, ckpt.BACKEND_INFO)
@@ -92,17 +90,16 @@ def export_hf(checkpoint_dir: str, out_dir: str, merge: bool = False) -> str:
             "export with the model_path the run started from"
         )
     model.save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(info["model_path"]).save_pretrained(out_dir)
+    save_tokenizer(info["model_path"], out_dir)
     return "model"
 
 
 def _export_lora(root: Path, state: dict, info: dict, model, out_dir: str, merge: bool) -> str:
     """``export_hf`` of a LoRA checkpoint: ``state`` holds the adapters by model name."""
-    from transformers import AutoTokenizer
-
     from rlsys.backends.base import merged_state
     from rlsys.config.schema import LoraConfig
     from rlsys.models import lora
+    from rlsys.models.loading import save_tokenizer
 
     cfg = LoraConfig(**info["lora"])
     adapters = {lora.wire_name(name): tensor.to(model.dtype) for name, tensor in state.items()}
@@ -123,7 +120,7 @@ def _export_lora(root: Path, state: dict, info: dict, model, out_dir: str, merge
         model.save_pretrained(out_dir)
     else:
         lora.save_peft_adapter(out_dir, adapters, cfg, info["model_path"])
-    AutoTokenizer.from_pretrained(info["model_path"]).save_pretrained(out_dir)
+    save_tokenizer(info["model_path"], out_dir)
     return "model" if merge else "adapter"
 
 

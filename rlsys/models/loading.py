@@ -73,6 +73,17 @@ def saved_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
+def save_tokenizer(model_path: str, out_dir: str, padding_side: str | None = None) -> None:
+    """Write the tokenizer of ``model_path`` into ``out_dir`` as ``saved_tokenizer`` reads it,
+    so the saved directory tokenizes exactly as the source does. (AutoTokenizer would re-save
+    the built-in char tokenizer as Qwen2's byte-level BPE, and a model trained on its ids would
+    then read different ones: with transformers 5.19 every space of a prompt changed id.)"""
+    tokenizer = saved_tokenizer(model_path)
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
+    tokenizer.save_pretrained(out_dir)
+
+
 def load_tokenizer(path: str):
     """The tokenizer at ``path``, left-padding, with a pad token."""
     tokenizer = saved_tokenizer(path)

@@ -13,6 +13,7 @@ from backend_harness import NO_DEEPSPEED, build, full_state, run_ranks, toy_batc
 
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.backends.checkpoint import BackendCheckpointError
+from rlsys.models.loading import load_tokenizer
 
 OBJECTIVE = PolicyObjective(dual_clip=3.0)
 KINDS = ["fsdp2", "zero2", "zero3"]
@@ -110,7 +111,7 @@ def test_load_restores_exactly_the_saved_state(saved, tiny_model_dir, tmp_path, 
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_export_hf_equals_the_live_weights(saved, tmp_path, kind):
+def test_export_hf_equals_the_live_weights(saved, tiny_model_dir, tmp_path, kind):
     """The offline export (no process group) loads with transformers and holds exactly the
     weights the live backend had at the save (what its save_hf wrote)."""
     _needs(kind)
@@ -129,7 +130,12 @@ def test_export_hf_equals_the_live_weights(saved, tmp_path, kind):
         assert torch.equal(exported[name], tensor), name
     for name, tensor in first[0]["at_save"].items():
         assert torch.equal(exported[name], tensor), name
-    assert (tmp_path / "export" / "tokenizer_config.json").is_file()
+    # both directories read back the source's tokenizer: the same ids for the same text (a
+    # re-save through AutoTokenizer turned the built-in char tokenizer into byte-level BPE)
+    text = "the soup at the cafe was great and 12+34=46"
+    expected = load_tokenizer(str(tiny_model_dir)).encode(text, add_special_tokens=False)
+    for saved_dir in (tmp_path / "export", root / "hf"):
+        assert load_tokenizer(str(saved_dir)).encode(text, add_special_tokens=False) == expected
 
 
 def test_fsdp_checkpoints_reshard_between_world_sizes(saved, tiny_model_dir, tmp_path):
