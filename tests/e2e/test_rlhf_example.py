@@ -32,6 +32,7 @@ def test_rlhf_example_improves_the_labellers_verdict(tmp_path):
     assert summary["rm_pairwise_accuracy"] >= 0.8  # chance is 0.5
     assert summary["ppo_gain"] >= 0.3
     assert summary["ppo_accuracy"] >= 0.8
-    assert summary["dpo_gain"] > 0
+    # with RPO's NLL term (dpo.nll_coef=1) seeds 0-2 gained 0.68-0.95 (docs/rlhf.md)
+    assert summary["dpo_gain"] >= 0.10
     for stage in ("sft", "rm", "ppo", "dpo"):
         assert Path(summary["stages"][stage]["model"], "config.json").is_file()
