@@ -100,7 +100,7 @@ def dpo_loss(
     NLL term of RPO (Pang et al. 2024, "Iterative Reasoning Preference Optimization", eq. 1,
     with a = 1). DPO's loss alone can be lowered by pushing both replies' likelihoods down, as
     long as the rejected one falls faster; the probability mass then goes to replies neither
-    side holds (for a small model: malformed ones), which the NLL term prevents.
+    side holds, which the NLL term prevents.
 
     Departure: IPO on summed (not length-averaged) log-probabilities, as in the paper; some
     implementations average over tokens. Metrics: the implicit rewards
