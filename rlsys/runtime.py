@@ -40,3 +40,30 @@ def pick_device(num_gpus: float) -> str:
     import torch
 
     return "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (``/proc/self/statm``), or None where /proc does
+    not tell (another OS)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            pages = int(fh.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc's ``malloc_trim``). Tensors below
+    glibc's mmap threshold (which grows to 32 MiB as large blocks are freed) live on the heap,
+    and freeing them only marks their pages reusable: the process would keep them resident.
+    A no-op where the C library has no ``malloc_trim``."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

@@ -390,6 +390,12 @@ class PlacementConfig:
     # a Slurm node group): e.g. placement.rollout_resources={rollout_nodes:1}. Empty: any node.
     rollout_resources: dict[str, float] = field(default_factory=dict)  # each rollout worker
     learner_resources: dict[str, float] = field(default_factory=dict)  # learner, critic, reference
+    # Colocated, synchronous runs: the rollout engines sleep while the learners train (their
+    # weights and KV cache leave the device: to host memory on a GPU, to a file on a CPU) and
+    # wake before the weight sync. null: on where rollout workers have GPUs, off on CPU (there
+    # a sleeping engine writes its weights to disk and reads them back every step, which pays
+    # only when RAM is short).
+    engine_sleep: bool | None = None
 
     def __post_init__(self) -> None:
         one_of("placement.mode", self.mode, ("colocated", "disaggregated"))
@@ -542,6 +548,14 @@ class TrainConfig:
         )
 
     @property
+    def engines_sleep(self) -> bool:
+        """Whether the controller puts the engines to sleep while the learners train
+        (``placement.engine_sleep``, its null resolved)."""
+        if self.placement.engine_sleep is not None:
+            return self.placement.engine_sleep
+        return self.placement.mode == "colocated" and self.rollout.num_gpus_per_worker > 0
+
+    @property
     def reference_group(self) -> bool:
         """Whether the run starts a reference group (a KL term, and not from the learner)."""
         return self.algorithm.uses_reference and not self.reference_from_learner
@@ -615,6 +629,7 @@ class TrainConfig:
                 "placement.mode=colocated with learner.num_gpus_per_rank > 0 and "
                 "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
             )
+        self._check_engine_sleep()
         groups = [("learner", self.learner), ("critic", self.critic)]
         if self.reference_group:
             groups.append(("reference", self.reference.group(self.learner)))
@@ -642,3 +657,23 @@ class TrainConfig:
                     f"{key}.world_size * {key}.num_mini_batches = {needed} mini-batch shards; "
                     f"raise data.batch_size or lower {key}.num_mini_batches"
                 )
+
+    def _check_engine_sleep(self) -> None:
+        """Engines sleep only where they share devices with the learners and nothing
+        generates while the learners train."""
+        if not self.engines_sleep:
+            return
+        if self.placement.mode != "colocated":
+            raise ConfigError(
+                "placement.engine_sleep=true with placement.mode=disaggregated: the engines "
+                "have devices of their own, so sleeping frees nothing for the learners; set "
+                "placement.engine_sleep=false or placement.mode=colocated"
+            )
+        if self.buffer.max_staleness > 0:
+            raise ConfigError(
+                f"buffer.max_staleness={self.buffer.max_staleness} generates while the learners "
+                "train, so colocated engines cannot sleep then (placement.engine_sleep is on: "
+                "null turns it on where rollout workers have GPUs); set buffer.max_staleness=0, "
+                "placement.mode=disaggregated, or placement.engine_sleep=false to share the "
+                "GPUs statically (rollout.vllm.gpu_memory_utilization)"
+            )

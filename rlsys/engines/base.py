@@ -39,12 +39,13 @@ class RolloutEngine(Protocol):
         returns the number of tensors loaded. A name the model lacks raises ``KeyError``."""
         ...
 
-    def sleep(self) -> None:
-        """Free accelerator memory while the learners train (colocated); a no-op on CPU."""
+    def sleep(self) -> int:
+        """Free the memory the engine's weights (and KV cache) hold while the learners train
+        (colocated placement); returns the bytes freed (0 where the engine cannot)."""
         ...
 
     def wake(self) -> None:
-        """Undo ``sleep``."""
+        """Undo ``sleep``: the weights of the version loaded last are back."""
         ...
 
     def abort(self) -> None:

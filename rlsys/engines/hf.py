@@ -9,6 +9,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
 from rlsys.config.schema import RolloutConfig
+from rlsys.engines.offload import ParkedWeights
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import Bucket
@@ -81,6 +82,11 @@ class HFEngine:
         eos = config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.version = 0
+        self._parked = ParkedWeights(self.model, self.device)
+
+    def _check_awake(self, call: str) -> None:
+        if self._parked.parked:
+            raise RuntimeError(f"HFEngine.{call} while the engine sleeps: call wake() first")
 
     @torch.no_grad()
     def generate(
@@ -91,6 +97,7 @@ class HFEngine:
     ) -> list[list[Completion]]:
         """``sampling.n`` completions for each prompt (token ids -> token ids + logprobs); prompt
         i gets at most ``budgets[i]`` new tokens (default ``sampling.max_new_tokens``)."""
+        self._check_awake("generate")
         self._aborting.clear()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
@@ -175,6 +182,7 @@ class HFEngine:
     @torch.no_grad()
     def update_weights(self, buckets: Iterable[Bucket], version: int) -> int:
         """Copy full tensors into the model, bucket by bucket; returns tensors loaded."""
+        self._check_awake("update_weights")
         loaded = 0
         params = self.model.state_dict()  # looked up now: sleep/wake move the storage
         for bucket in buckets:
@@ -186,16 +194,15 @@ class HFEngine:
         self.version = version
         return loaded
 
-    def sleep(self) -> None:
-        """Free accelerator memory while learners train (colocated); a no-op on CPU."""
-        if self.device.type == "cuda":
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
+    def sleep(self) -> int:
+        """Free the weights' memory while learners train (colocated): to host memory on a
+        GPU, to a scratch file on a CPU (``ParkedWeights``); returns the bytes freed. The KV
+        cache lives only within a ``generate`` call, so there is none to drop."""
+        return self._parked.park()
 
     def wake(self) -> None:
-        """Undo ``sleep``."""
-        if self.device.type == "cuda":
-            self.model.to(self.device)
+        """Undo ``sleep``: the weights of the version loaded last come back."""
+        self._parked.restore()
 
     def abort(self) -> None:
         """Stop the running ``generate`` (safe from another thread); it returns what each

@@ -152,10 +152,17 @@ class VLLMEngine:
         self.version = version
         return loaded
 
-    def sleep(self) -> None:
-        """Free GPU memory (weights offloaded, KV cache dropped) while learners train."""
-        if not self.on_cpu:
-            self.llm.sleep(level=1)
+    def sleep(self) -> int:
+        """Free GPU memory (weights offloaded to host memory, KV cache dropped) while learners
+        train; returns the bytes the GPU got back. vLLM's CPU build has no sleep mode (it
+        needs CUDA's virtual memory API), so on CPU this frees nothing and returns 0."""
+        if self.on_cpu:
+            return 0
+        import torch
+
+        free_before, _ = torch.cuda.mem_get_info()
+        self.llm.sleep(level=1)
+        return torch.cuda.mem_get_info()[0] - free_before
 
     def wake(self) -> None:
         """Undo ``sleep``."""

@@ -20,6 +20,7 @@ class RolloutGate:
         self.abort, self.partial = abort, partial
         self._cond = threading.Condition()
         self._open = True
+        self._shut_depth = 0  # nested ``shut`` blocks: the outermost one reopens
         self._stopped = False
         self._running = 0
 
@@ -43,10 +44,12 @@ class RolloutGate:
     @contextmanager
     def shut(self) -> Iterator[float]:
         """Hold every rollout loop between requests for the block (a weight update); yields
-        the seconds spent waiting for running requests to return."""
+        the seconds spent waiting for running requests to return. Blocks may nest (engines
+        asleep around a weight update); the gate reopens when the outermost one ends."""
         start = time.perf_counter()
         with self._cond:
             self._open = False
+            self._shut_depth += 1
         # An abort can reach a worker just before the request it targets starts (and is then
         # lost), so partial mode repeats it until every request has returned.
         while True:
@@ -61,7 +64,9 @@ class RolloutGate:
             yield time.perf_counter() - start
         finally:
             with self._cond:
-                self._open = True
+                self._shut_depth -= 1
+                if not self._shut_depth and not self._stopped:
+                    self._open = True
                 self._cond.notify_all()
 
     @property

@@ -15,6 +15,7 @@ from rlsys.engines.base import RolloutEngine
 from rlsys.placement import ActorResources
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import SyncAddress, WeightTransport, WeightUpdate
+from rlsys.workers.calls import get_all
 
 
 @ray.remote
@@ -51,6 +52,7 @@ class RolloutWorker:
             ENGINES.get(cfg.engine), model_path, dtype, cfg, self.device
         )
         self.transport: WeightTransport | None = None
+        self.sleeps = self.wakes = 0  # calls served (colocated runs: one each per step)
         self.merge_adapters = None
         if lora_scale is not None:
             from rlsys.models.lora import AdapterMerger
@@ -97,11 +99,23 @@ class RolloutWorker:
         """The worker's process id (tests kill it to exercise recovery)."""
         return os.getpid()
 
-    def sleep(self) -> None:
-        self._on_engine_thread(self.engine.sleep)
+    def sleep(self) -> dict[str, float]:
+        """Put the engine to sleep; returns the bytes its engine freed and the drop of this
+        process's resident memory (None where /proc does not tell)."""
+        from rlsys.runtime import resident_bytes
 
-    def wake(self) -> None:
+        before = resident_bytes()
+        freed = self._on_engine_thread(self.engine.sleep)
+        after = resident_bytes()
+        self.sleeps += 1
+        rss_drop = None if before is None or after is None else before - after
+        return {"freed_bytes": float(freed), "rss_drop_bytes": rss_drop, "sleeps": self.sleeps}
+
+    def wake(self) -> int:
+        """Wake the engine; returns how many times this worker has woken."""
         self._on_engine_thread(self.engine.wake)
+        self.wakes += 1
+        return self.wakes
 
     def close(self) -> None:
         if self.transport is not None:
@@ -238,6 +252,15 @@ class RolloutPool:
         for ref in [w.abort.remote() for w in self.workers]:
             with contextlib.suppress(ray.exceptions.RayActorError):
                 ray.get(ref)
+
+    def sleep(self) -> list[dict[str, float]]:
+        """Put every engine to sleep (colocated: the learners train next); each worker's
+        record of what it freed (``RolloutWorker.sleep``)."""
+        return get_all([w.sleep.remote() for w in self.workers])
+
+    def wake(self) -> list[int]:
+        """Wake every engine; each worker's count of wakes so far."""
+        return get_all([w.wake.remote() for w in self.workers])
 
     def node_ids(self) -> list[str]:
         """The Ray node of every worker."""

@@ -7,10 +7,19 @@ import pytest
 # LoRA, one step off-policy: the scoring loop asks the 2 learner ranks for the reference
 # (their base model) while the controller trains them, from two driver threads
 LORA_ASYNC = ["model.lora.rank=8", "learner.optim.lr=1e-2", "buffer.max_staleness=1"]
+# colocated and synchronous: the engines sleep through every step's learner work (on CPU
+# their weights go to a file and come back) and wake before the weight sync
+ENGINE_SLEEP = ["placement.engine_sleep=true"]
 
 
-@pytest.mark.parametrize("extra", [[], LORA_ASYNC], ids=["full", "lora-async"])
-def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(run_controller, extra):
+@pytest.mark.parametrize("extra", [ENGINE_SLEEP, LORA_ASYNC], ids=["full-sleep", "lora-async"])
+def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(
+    run_controller, tiny_model_dir, extra
+):
+    from rlsys.models.loading import load_model
+
+    params = load_model(tiny_model_dir).parameters()
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
     summary, steps = run_controller(
         [
             "trainer.total_steps=3",
@@ -55,9 +64,16 @@ def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(run_con
         # with no filtering every sample is trained on
         assert record["buffer/groups_kept"] == 8
         # engine and learner agree on the behaviour policy's logprobs (samples one version
-        # behind are scored by the newer learner)
-        if not extra:
+        # behind are scored by the newer learner); with sleep: the engines woke on the right
+        # weights and took the sync
+        if extra == ENGINE_SLEEP:
             assert record["train/logprob_mismatch"] < 1e-3
+            # each step: both workers slept once (freeing all their weights) and woke once
+            assert record["rollout/engines_slept"] == record["rollout/engines_woken"] == 2
+            assert record["rollout/engine_freed_bytes"] == 2 * weight_bytes
+            assert record["time/engine_sleep"] > 0 and record["time/engine_wake"] > 0
+        else:
+            assert "rollout/engines_slept" not in record
     assert steps[-1]["policy/version"] == 3
     # the policy moved away from the reference, and the KL term saw it
     assert steps[-1]["train/kl_ref"] > 0 and steps[-1]["train/grad_norm"] > 0

@@ -79,6 +79,10 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("weight_sync.transport=nccl", "weight_sync.transport"),
         ("weight_sync.transport=cuda_ipc", "placement.mode=colocated"),
         ("weight_sync.cpu_data_plane=rdma", "weight_sync.cpu_data_plane"),
+        ("placement=disaggregated placement.engine_sleep=true", "placement.mode=colocated"),
+        ("placement.engine_sleep=true buffer.max_staleness=1", "buffer.max_staleness=0"),
+        # null turns sleep on for GPU engines: an async colocated GPU run must choose
+        ("rollout.num_gpus_per_worker=1 buffer.max_staleness=1", "placement.engine_sleep=false"),
         ("rollout.vllm.gpu_memory_utilization=1.5", "rollout.vllm.gpu_memory_utilization"),
         ("rollout.dtype=int8", "rollout.dtype"),
         ("rollout.stop=['']", "rollout.stop"),
@@ -142,6 +146,17 @@ def test_bad_overrides_name_the_key(override, needle):
 def test_presets_without_groups_accept_one_sample_per_prompt(name):
     cfg = load_config([f"algorithm={name}", "rollout.n_samples=1"])
     assert not cfg.algorithm.filter_uniform_groups
+
+
+def test_engines_sleep_by_default_only_where_they_hold_gpu_memory():
+    assert not load_config([]).engines_sleep  # CPU: a file round trip a step, for RAM
+    assert load_config(["rollout.num_gpus_per_worker=1"]).engines_sleep
+    gpu_apart = ["rollout.num_gpus_per_worker=1", "placement=disaggregated"]
+    assert not load_config(gpu_apart).engines_sleep
+    assert load_config(["placement.engine_sleep=true"]).engines_sleep
+    assert not load_config(
+        ["rollout.num_gpus_per_worker=1", "placement.engine_sleep=false"]
+    ).engines_sleep
 
 
 def test_batch_must_feed_every_rank_and_mini_batch():

@@ -254,3 +254,26 @@ def test_the_rollout_pool_grows_and_shrinks_mid_run_without_losing_samples():
     assert report["balanced"], report
     assert report["samples_trained"] == 8 * BATCH * N
     assert report["samples_dropped"]["failed"] == 0
+
+
+def test_a_nested_shut_keeps_the_gate_shut_until_the_outer_block_ends():
+    """Engines asleep around a weight update: the update's own shut must not reopen the gate
+    while the outer block (the learner's work) still holds it."""
+    from rlsys.pipeline.gate import RolloutGate
+
+    gate = RolloutGate(abort=lambda: None, partial=False)
+    entered = threading.Event()
+
+    def request():
+        gate.enter()
+        entered.set()
+        gate.leave()
+
+    with gate.shut():
+        with gate.shut():
+            pass
+        loop = threading.Thread(target=request)
+        loop.start()
+        assert not entered.wait(0.2)  # still held by the outer block
+    assert entered.wait(5.0)  # the outer block's end let it through
+    loop.join()

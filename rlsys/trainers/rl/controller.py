@@ -37,6 +37,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -245,23 +246,49 @@ class Controller:
                 batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
                 metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
                 metrics["perf/padding_frac"] = float(1.0 - batch.attention_mask.mean())
-                if self._needs_old_logprobs(batch):
-                    with timer("learner_logprobs"):
-                        batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
-                    metrics.update(self.recipe.off_policy_weights(batch))
-                token_kl = self.recipe.token_kl(batch) if batch.ref_logprobs is not None else None
-                if self.pools.critic is not None:
-                    with timer("critic_values"):
-                        batch.values = self.pools.critic.forward_values(batch)
-                adv = self.recipe.advantages(batch, token_kl, self._greedy_baseline(kept))
-                batch.advantages, batch.returns = adv.advantages, adv.returns
-                update, moved = self._update(step, batch, token_kl, timer)
+                with self._engines_asleep(timer, metrics):
+                    if self._needs_old_logprobs(batch):
+                        with timer("learner_logprobs"):
+                            batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
+                        metrics.update(self.recipe.off_policy_weights(batch))
+                    token_kl = (
+                        self.recipe.token_kl(batch) if batch.ref_logprobs is not None else None
+                    )
+                    if self.pools.critic is not None:
+                        with timer("critic_values"):
+                            batch.values = self.pools.critic.forward_values(batch)
+                    adv = self.recipe.advantages(batch, token_kl, self._greedy_baseline(kept))
+                    batch.advantages, batch.returns = adv.advantages, adv.returns
+                    update, moved = self._update(step, batch, token_kl, timer)
                 metrics.update(update)
             metrics.update(self._publish(moved, evaluate, timer))
         if hold:
             self.state.buffer.pause()
         self.state.buffer.step_done(self.state.version)
         return perf_metrics(metrics, timer.seconds, time.perf_counter() - started)
+
+    @contextmanager
+    def _engines_asleep(self, timer: StageTimer, metrics: dict[str, float]) -> Iterator[None]:
+        """Colocated (``placement.engine_sleep``): the engines sleep for the block, with the
+        rollout loops held, so the learners have the devices' memory; awake again (on the
+        weights they had) before the weight sync. Otherwise the block just runs."""
+        if not self.cfg.engines_sleep:
+            yield
+            return
+        with self.state.pipeline.gate.shut():
+            with timer("engine_sleep"):
+                slept = self.pools.rollout.sleep()
+            metrics["rollout/engines_slept"] = float(len(slept))
+            metrics["rollout/engine_freed_bytes"] = sum(r["freed_bytes"] for r in slept)
+            drops = [r["rss_drop_bytes"] for r in slept if r["rss_drop_bytes"] is not None]
+            if drops:
+                metrics["rollout/engine_rss_drop_bytes"] = float(sum(drops))
+            try:
+                yield
+            finally:
+                with timer("engine_wake"):
+                    woken = self.pools.rollout.wake()
+                metrics["rollout/engines_woken"] = float(len(woken))
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """Whether this update needs a forward pass of its own before training (else the
