@@ -3,10 +3,13 @@
 # root (docker/README.md):
 #   docker build -f docker/gpu.Dockerfile -t rlsys:gpu .
 #   docker run --rm -it --gpus all --shm-size=16g rlsys:gpu rlsys train
+# The stack is pyproject.toml's `gpu` extra, so the image has its pins: vllm==0.32.0 with
+# torch==2.13.0, whose PyPI build is for CUDA 13.0 (hosts need an NVIDIA driver >= 580).
 # A devel base, not runtime: DeepSpeed and Triton compile kernels with nvcc at run time. Keep
-# its CUDA release that of the torch vllm installs (torch.version.cuda in the image), e.g.
-#   --build-arg CUDA_IMAGE=nvidia/cuda:12.9.1-cudnn-devel-ubuntu24.04
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
+# its CUDA release that of the pinned torch (torch.version.cuda in the image); change both
+# together, e.g. --build-arg CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04.
+# Never built or run here; `rlsys doctor --gpu` in the container checks it.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
 FROM ${CUDA_IMAGE}
 
 ARG DEBIAN_FRONTEND=noninteractive

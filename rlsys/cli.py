@@ -4,7 +4,8 @@ Overrides are Hydra overrides (``learner.world_size=1``, ``algorithm=grpo``). Th
 validated before anything heavy is imported or started, so a bad key fails in about a second.
 ``rlsys submit launcher=<ray_job|kuberay|slurm>`` sends ``rlsys train`` with the same
 overrides to a cluster; ``status`` / ``stop`` follow the job; ``scale`` resizes a running
-run's rollout pool; ``report`` plots a run's metrics.
+run's rollout pool; ``report`` plots a run's metrics; ``doctor [--gpu]`` checks this machine's
+stack with short real runs and writes a report to attach to a bug (exit 1 if a check failed).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ JOB_COMMANDS = {
 }
 SCALE_HELP = "resize a running run's rollout pool: rlsys scale RUN_DIR rollout=N"
 REPORT_HELP = "plot a run's metrics.jsonl: RUN_DIR/report/index.html and a PNG per panel"
+DOCTOR_HELP = (
+    "check this machine: versions, a 2-step training run, weight-sync timing (--gpu: the GPU "
+    "half too); writes doctor.md and doctor.json; exit 1 if a check failed (skips are not)"
+)
 
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: the shell's code for "terminated", so schedulers requeue
@@ -67,6 +72,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     report = sub.add_parser("report", help=REPORT_HELP, description=REPORT_HELP)
     report.add_argument("run_dir", help="the run's directory (it holds metrics.jsonl)")
+    doctor = sub.add_parser("doctor", help=DOCTOR_HELP, description=DOCTOR_HELP)
+    doctor.add_argument(
+        "--gpu",
+        action="store_true",
+        help="add the GPU half: device probe, pytest -m gpu, a vLLM GRPO run on GPU, NCCL / "
+        "CUDA IPC weight sync (each skipped, saying so, where no CUDA device is visible)",
+    )
+    doctor.add_argument("--out", help="report directory (default outputs/doctor-<timestamp>)")
+    doctor.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds each check may take (default 900)"
+    )
+    doctor.add_argument("--checks", help="run only these checks (comma-separated names)")
     return parser
 
 
@@ -104,6 +121,16 @@ def _report(run_dir: str) -> int:
     return 0
 
 
+def _doctor(args, argv: list[str]) -> int:
+    from rlsys.run.doctor import DoctorError, main
+
+    try:
+        return main(args.gpu, args.out, args.timeout, args.checks, argv)
+    except DoctorError as exc:
+        print(f"rlsys doctor: {exc}", file=sys.stderr)
+        return 2
+
+
 def _launch(args, cfg) -> int:
     """``submit`` / ``status`` / ``stop`` through the launcher ``launcher.kind`` names."""
     from rlsys.config import ConfigError
@@ -125,6 +152,7 @@ def _launch(args, cfg) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     if args.command == "export":
         return _export(args.checkpoint, args.out_dir, args.merge)
@@ -132,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return _scale(args.run_dir, args.targets)
     if args.command == "report":
         return _report(args.run_dir)
+    if args.command == "doctor":
+        return _doctor(args, argv[1:])
     from rlsys.config import ConfigError
     from rlsys.config.loader import load_config, to_yaml
 

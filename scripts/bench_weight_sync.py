@@ -1,13 +1,16 @@
 """Weight-sync bandwidth of every transport this machine has, against its memory-copy bandwidth.
 
     python scripts/bench_weight_sync.py [--models 3M,16M,135M,500M] [--receivers 1]
-        [--bucket-mb 64] [--repeats 3] [--json out.json]
+        [--bucket-mb 64] [--repeats 3] [--device cpu|cuda] [--json out.json]
 
 For randomly initialised models shaped like real ones (~3M, ~16M, SmolLM2-135M, Qwen2.5-0.5B),
 a sender actor (standing in for learner rank 0, holding full tensors as an unsharded learner
 does) sends every weight to ``--receivers`` receiver actors through each transport that can run
 here (``object_store``; ``collective`` over shared memory and over gloo on CPU, NCCL on GPU;
-``cuda_ipc`` on GPU). Two timings per transport, each the median of ``--repeats``:
+``cuda_ipc`` on GPU). ``--device cuda`` holds the weights on GPUs instead and runs the one GPU
+transport the machine fits: ``collective:nccl`` with a GPU per actor where there are
+``1 + --receivers`` GPUs, else ``cuda_ipc`` with every actor on one GPU (``rlsys doctor --gpu``
+runs it). Two timings per transport, each the median of ``--repeats``:
 
 * ``seconds``: delivery. From the sender starting on its first bucket until every receiver
   holds every bucket's tensors readable in its own process (as an engine's loader sees them).
@@ -17,7 +20,8 @@ here (``object_store``; ``collective`` over shared memory and over gloo on CPU, 
   preallocated weights (what a trivial engine loader adds).
 
 ``gbps`` is bytes / seconds; ``ratio_to_memcpy`` divides it by this machine's memory-copy
-bandwidth measured in the same run (best of 5 ``torch`` copies of 256 MiB using every core).
+bandwidth measured in the same run (best of 5 ``torch`` copies of 256 MiB using every core, or
+on the GPU with ``--device cuda``).
 Moving bytes between two private address spaces through any shared buffer takes two copies,
 and on a bandwidth-bound machine two concurrent copies share the bus, so ``load`` ratios stay
 at or below about 0.5 whatever the transport. ``--json PATH`` writes one record per
@@ -41,7 +45,7 @@ MODELS = {  # name -> Llama-style shape (vocab, hidden, layers, intermediate, he
 }
 
 
-def random_state(name: str):
+def random_state(name: str, device: str = "cpu"):
     """Named full tensors of a randomly initialised model shaped like ``name`` (float32)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -60,35 +64,41 @@ def random_state(name: str):
         model = LlamaForCausalLM(config)
     state = {}
     for key, param in model.named_parameters():  # tied weights once, as learners send them
-        state[key] = torch.empty(param.shape, dtype=torch.float32).uniform_(-0.05, 0.05)
+        state[key] = torch.empty(param.shape, dtype=torch.float32, device=device).uniform_(
+            -0.05, 0.05
+        )
     return state
 
 
-def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Best bandwidth of one large tensor copy with every core (bytes copied per second)."""
+def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 5, device: str = "cpu") -> float:
+    """Best bandwidth of one large tensor copy with every core, or on the GPU (bytes copied
+    per second)."""
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    src = torch.ones(nbytes, dtype=torch.uint8)
-    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)  # kernels are async
     best = float("inf")
     for _ in range(repeats):
+        wait()
         start = time.perf_counter()
         dst.copy_(src)
+        wait()
         best = min(best, time.perf_counter() - start)
     return nbytes / best / 1e9
 
 
-def make_actors(ray):
+def make_actors(ray, device: str = "cpu", num_gpus: float = 0):
     from rlsys.placement import thread_env  # OpenMP threads from process start, as rlsys actors
 
-    @ray.remote(num_cpus=0, runtime_env=thread_env(os.cpu_count() or 1))
+    @ray.remote(num_cpus=0, num_gpus=num_gpus, runtime_env=thread_env(os.cpu_count() or 1))
     class Sender:
         def __init__(self, model: str) -> None:
             import torch
 
             torch.set_num_threads(os.cpu_count() or 1)  # as a learner rank given the machine
-            self.state = random_state(model)
+            self.state = random_state(model, device)
             self.transport = None
 
         def info(self) -> tuple[int, int]:
@@ -98,7 +108,7 @@ def make_actors(ray):
             )
 
         def memcpy(self) -> float:
-            return memcpy_gbps()
+            return memcpy_gbps(device=device)
 
         def address(self):
             from rlsys.weight_sync.group import free_address
@@ -107,7 +117,7 @@ def make_actors(ray):
 
         def connect(self, transport, world_size, address) -> None:
             self.transport = transport
-            transport.connect(0, world_size, address, "cpu")
+            transport.connect(0, world_size, address, device)
 
         def send(self, version: int, bucket_bytes: int):
             from rlsys.weight_sync.base import bucketize
@@ -121,18 +131,18 @@ def make_actors(ray):
         def close(self) -> None:
             self.transport.close()
 
-    @ray.remote(num_cpus=0, runtime_env=thread_env(os.cpu_count() or 1))
+    @ray.remote(num_cpus=0, num_gpus=num_gpus, runtime_env=thread_env(os.cpu_count() or 1))
     class Receiver:
         def __init__(self, model: str) -> None:
             import torch
 
             torch.set_num_threads(os.cpu_count() or 1)
-            self.dest = random_state(model)
+            self.dest = random_state(model, device)
             self.transport = None
 
         def connect(self, transport, rank, world_size, address) -> None:
             self.transport = transport
-            transport.connect(rank, world_size, address, "cpu")
+            transport.connect(rank, world_size, address, device)
 
         def receive(self, update, load: bool) -> tuple[int, int, float]:
             """(buckets, tensors, monotonic time when the last one was taken)."""
@@ -151,31 +161,36 @@ def make_actors(ray):
     return Sender, Receiver
 
 
-def transports():
-    """(label, transport factory) for every transport this machine can run."""
+def transports(device: str = "cpu", receivers: int = 1):
+    """(label, transport factory, GPUs per actor) for the transports this machine can run."""
     import torch
 
     from rlsys.config.schema import WeightSyncConfig
     from rlsys.weight_sync import TRANSPORTS
 
-    out = [("object_store", lambda: TRANSPORTS.get("object_store")(WeightSyncConfig()))]
+    if device == "cuda":  # one transport: the actors' GPU share depends on which
+        if torch.cuda.device_count() >= 1 + receivers:  # NCCL wants one GPU per rank
+            cfg = WeightSyncConfig(transport="collective")
+            return [("collective:nccl", lambda: TRANSPORTS.get("collective")(cfg), 1)]
+        cfg = WeightSyncConfig(transport="cuda_ipc")
+        return [("cuda_ipc", lambda: TRANSPORTS.get("cuda_ipc")(cfg), 1 / (1 + receivers))]
+    out = [("object_store", lambda: TRANSPORTS.get("object_store")(WeightSyncConfig()), 0)]
     for plane in ("shm", "gloo"):
         cfg = WeightSyncConfig(transport="collective", cpu_data_plane=plane)
-        out.append((f"collective:{plane}", lambda cfg=cfg: TRANSPORTS.get("collective")(cfg)))
-    if torch.cuda.is_available():
-        print("note: GPU transports (collective:nccl, cuda_ipc) run in the GPU benchmarks")
+        out.append((f"collective:{plane}", lambda cfg=cfg: TRANSPORTS.get("collective")(cfg), 0))
     return out
 
 
-def run_model(ray, model, receivers, bucket_bytes, repeats, memcpy):
+def run_model(ray, model, receivers, bucket_bytes, repeats, memcpy, device="cpu"):
     from rlsys.weight_sync.base import WeightUpdate
 
-    Sender, Receiver = make_actors(ray)
+    plan = transports(device, receivers)
+    Sender, Receiver = make_actors(ray, device, plan[0][2])
     sender = Sender.remote(model)
     sinks = [Receiver.remote(model) for _ in range(receivers)]
     params, nbytes = ray.get(sender.info.remote())
     records = []
-    for label, factory in transports():
+    for label, factory, _ in plan:
         transport = factory()
         address = ray.get(sender.address.remote())
         world = 1 + receivers
@@ -219,6 +234,7 @@ def run_model(ray, model, receivers, bucket_bytes, repeats, memcpy):
                 "load_gbps": nbytes / load_seconds / 1e9,
                 "load_ratio_to_memcpy": nbytes / load_seconds / 1e9 / memcpy,
                 "memcpy_gbps": memcpy,
+                "device": device,
             }
         )
         print(_row(records[-1]), flush=True)
@@ -249,12 +265,21 @@ def main() -> int:
     parser.add_argument("--receivers", type=int, default=1)
     parser.add_argument("--bucket-mb", type=float, default=64.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"--models: unknown {unknown}; pick from {list(MODELS)}")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():  # else actors wait for GPUs forever
+        parser.error(
+            "--device cuda: no CUDA device is visible here (torch.cuda.is_available() is "
+            f"False; torch {torch.__version__}, built for CUDA {torch.version.cuda}); run it on a "
+            "GPU machine with the GPU stack (scripts/setup.sh), or use --device cpu"
+        )
 
     import ray
 
@@ -263,10 +288,12 @@ def main() -> int:
     quiet_libraries()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:
-        probe = make_actors(ray)[0].remote("3M")
+        plan = transports(args.device, args.receivers)
+        probe = make_actors(ray, args.device, plan[0][2])[0].remote("3M")
         memcpy = ray.get(probe.memcpy.remote())
         ray.kill(probe)
-        print(f"memory-copy bandwidth: {memcpy:.2f} GB/s (256 MiB torch copy, every core)")
+        where = "on the GPU" if args.device == "cuda" else "every core"
+        print(f"memory-copy bandwidth: {memcpy:.2f} GB/s (256 MiB torch copy, {where})")
         print(
             f"bucket {args.bucket_mb:g} MiB, {args.receivers} receiver(s), medians of "
             f"{args.repeats}\n{HEADER}",
@@ -275,7 +302,13 @@ def main() -> int:
         records = []
         for model in models:
             records += run_model(
-                ray, model, args.receivers, int(args.bucket_mb * (1 << 20)), args.repeats, memcpy
+                ray,
+                model,
+                args.receivers,
+                int(args.bucket_mb * (1 << 20)),
+                args.repeats,
+                memcpy,
+                args.device,
             )
     finally:
         ray.shutdown()

@@ -19,9 +19,12 @@ class TrainRun:
     process_wall_s: float  # the whole process, Ray start and warm start included
 
 
-def run_train(name: str, overrides: list[str], out_dir: Path) -> TrainRun:
+def run_train(
+    name: str, overrides: list[str], out_dir: Path, timeout: float | None = None
+) -> TrainRun:
     """Run ``rlsys train`` as ``<out_dir>/<name>`` with ``overrides`` (console logging off);
-    raises with the tail of its stderr if it fails."""
+    raises with the tail of its stderr if it fails (``subprocess.TimeoutExpired`` past
+    ``timeout`` seconds)."""
     command = [
         sys.executable,
         "-m",
@@ -33,7 +36,7 @@ def run_train(name: str, overrides: list[str], out_dir: Path) -> TrainRun:
         *overrides,
     ]
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise RuntimeError(f"rlsys train {' '.join(overrides)} failed:\n{result.stderr[-4000:]}")
     run_dir = out_dir / name

