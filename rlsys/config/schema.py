@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from rlsys.backends import BACKENDS
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.data import DataConfig
 from rlsys.config.elastic import ElasticConfig
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
@@ -204,17 +205,6 @@ class TaskConfig:
             )
         if self.name == "file" and not self.train_path:
             raise ConfigError("task.name=file needs task.train_path=<file.jsonl|file.parquet>")
-
-
-@dataclass
-class DataConfig:
-    """How prompts are drawn for training."""
-
-    batch_size: int = 32  # prompts per step (each gets rollout.n_samples completions)
-    shuffle: bool = True  # reshuffle the train split every epoch
-
-    def __post_init__(self) -> None:
-        positive("data.batch_size", self.batch_size)
 
 
 @dataclass

@@ -1,10 +1,17 @@
-"""Epoch-based prompt sampler with a checkpointable position."""
+"""Prompt samplers: by epoch (``PromptSampler``) or by a curriculum (``rlsys.data.curriculum``),
+built from ``data.sampler`` by ``make_sampler``."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from rlsys.types import Prompt
+from rlsys.types import Prompt, RolloutGroup
+
+if TYPE_CHECKING:
+    from rlsys.config.data import DataConfig
+    from rlsys.data.curriculum import CurriculumSampler
 
 
 class PromptSampler:
@@ -37,9 +44,31 @@ class PromptSampler:
             self.position += len(take)
         return batch
 
+    def observe(self, groups: list[RolloutGroup]) -> None:
+        """Scored groups: the order of an epoch does not depend on them."""
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
+        if "epoch" not in state:
+            raise ValueError(
+                "the checkpoint's prompt sampler is the curriculum but data.sampler=uniform; "
+                "resume with data.sampler=curriculum or start a new run"
+            )
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._make_order()
+
+
+def make_sampler(
+    cfg: DataConfig, prompts: list[Prompt], n_samples: int, seed: int
+) -> PromptSampler | CurriculumSampler:
+    """The training prompts' sampler that ``data.sampler`` names."""
+    if cfg.sampler == "curriculum":
+        from rlsys.data.curriculum import CurriculumSampler
+
+        return CurriculumSampler(prompts, cfg.batch_size, n_samples, cfg.curriculum, seed)
+    return PromptSampler(prompts, cfg.batch_size, cfg.shuffle, seed)

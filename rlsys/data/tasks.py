@@ -89,6 +89,23 @@ def arithmetic_problem(
     return f"{left}{op}{right}=", answer[::-1] if reverse else answer
 
 
+def level(a: int, op: str, b: int) -> str:
+    """A problem's difficulty class: its operator and how many column carries (``+``),
+    borrows (``-``) or nonzero digits of the smaller factor (``*``) it takes, e.g. "+2". The
+    curriculum can pool pass-rate estimates by it (``data.curriculum.bucket_key=level``)."""
+    if op == "-" and a < b:
+        a, b = b, a
+    if op == "*":
+        return f"*{sum(d != '0' for d in str(min(a, b)))}"
+    count, carry = 0, 0
+    while a or b:
+        x, y = a % 10, b % 10
+        carry = int(x + y + carry >= 10) if op == "+" else int(x - y - carry < 0)
+        count += carry
+        a, b = a // 10, b // 10
+    return f"{op}{count}"
+
+
 # ``task.name`` -> (task config, seed) -> its train and eval splits. A new task is one
 # function and its registration line (docs/extending.md).
 TaskBuilder = Callable[[TaskConfig, int], "TaskSplits"]
@@ -117,7 +134,7 @@ def arithmetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
         text, answer = arithmetic_problem(
             a, op, b, cfg.digits, cfg.reverse_answer, cfg.pad_operands, cfg.style
         )
-        prompts.append(Prompt(uid=uid, text=text, answer=answer))
+        prompts.append(Prompt(uid=uid, text=text, answer=answer, meta={"level": level(a, op, b)}))
     return TaskSplits(
         train=prompts[cfg.eval_size :],
         eval=prompts[: cfg.eval_size],

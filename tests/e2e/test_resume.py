@@ -51,11 +51,13 @@ COMPARED = (
 # ZeRO-2 resumes bitwise at the backend level (tests/distributed/test_backend_checkpoint.py);
 # end to end, ZeRO-3 (the harder sharding) stands for DeepSpeed.
 LORA = ["model.lora.rank=8", "learner.optim.lr=1e-2"]
+CURRICULUM = ["data.sampler=curriculum", "data.curriculum.bucket_key=level"]
 BACKENDS = {
     "fsdp2": [],
     "deepspeed_zero3": ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"],
-    # LoRA: checkpoints hold the adapters and their optimizer state alone
-    "fsdp2_lora": LORA,
+    # LoRA: checkpoints hold the adapters and their optimizer state alone; with the curriculum
+    # sampler, whose pass-rate estimates and draw count must resume too (one run for both)
+    "fsdp2_lora_curriculum": [*LORA, *CURRICULUM],
     "deepspeed_zero2_lora": [*LORA, "learner.backend=deepspeed", "learner.deepspeed.zero_stage=2"],
 }
 
@@ -128,7 +130,7 @@ def uninterrupted(ray_cpu, tmp_path_factory):
     [
         "fsdp2",
         pytest.param("deepspeed_zero3", marks=pytest.mark.long),
-        "fsdp2_lora",
+        "fsdp2_lora_curriculum",
         pytest.param("deepspeed_zero2_lora", marks=pytest.mark.long),
     ],
 )
@@ -150,6 +152,9 @@ def test_stop_and_resume_matches_an_uninterrupted_run(uninterrupted, tmp_path, b
         assert summary["accounting"]["balanced"]
     assert resumed["accounting"] == full["accounting"]
     assert resumed["eval_accuracy_before"] == full["eval_accuracy_before"]
+    if "curriculum" in backend:  # the estimates were there to resume, and drove the draws
+        assert full_steps[4]["data/buckets_seen_frac"] == 1.0
+        assert resumed_steps[4]["data/pass_rate_p50"] == full_steps[4]["data/pass_rate_p50"]
     # the last checkpoint, exported offline, is the policy the run exported at its end (LoRA:
     # with the adapters merged in, as the run's final model is)
     exported = _export(

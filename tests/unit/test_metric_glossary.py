@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FAMILIES = "rollout|reward|env|train|policy|offpolicy|critic|buffer|pool|time|perf|eval|sft|rm|dpo"
+FAMILIES = (
+    "rollout|reward|env|train|policy|offpolicy|critic|buffer|pool|time|perf|eval|sft|rm|dpo|data"
+)
 # "family/name" or f"family/...{expr}..." in the source
 LITERAL = re.compile(rf"""(f?)["']((?:{FAMILIES})/[^"'\s]*)["']""")
 # the controller's stage timers: timer("train"), timer.seconds["gate_wait"] -> time/<stage>

@@ -50,7 +50,7 @@ from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint import CheckpointStore
 from rlsys.config.schema import TrainConfig
 from rlsys.data.collate import samples_to_batch
-from rlsys.data.sampler import PromptSampler
+from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.faults import nonfinite_streak
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
@@ -176,9 +176,7 @@ class Controller:
             max_groups=None if budget is None else math.ceil(budget / replies_per_group),
             max_steps=cfg.trainer.total_steps,
         )
-        sampler = PromptSampler(
-            self.task.train, cfg.data.batch_size, cfg.data.shuffle, cfg.run.seed
-        )
+        sampler = make_sampler(cfg.data, self.task.train, cfg.rollout.n_samples, cfg.run.seed)
         rollout = RolloutSide(
             self.collector.encode,
             self.pools.rollout.generate_on,
@@ -504,13 +502,18 @@ class Controller:
             self.state.pipeline.prompts_drawn,
             self.state.buffer.stats.dropped_filtered,
         )
+        self.state.sampler.observe(groups)  # at the step boundary: see rlsys.data.curriculum
         out = {
             "pool/rollout_workers": len(self.state.pipeline.rollouts),
             "rollout/sampling_rounds": (drawn - self.state.drawn) / batch,
             "rollout/groups_filtered": (filtered - self.state.filtered) / n,
             "rollout/reward_errors": float(self.collector.reward_errors),
             **self.state.pipeline.pool_metrics(),
+            **self.state.sampler.metrics(),
         }
+        if groups and self.cfg.rollout.n_samples > 1:
+            uniform = sum(not has_reward_variance(g) for g in groups)
+            out["rollout/uniform_group_frac"] = uniform / len(groups)
         self.state.drawn, self.state.filtered = drawn, filtered
         if self.cfg.algorithm.uses_reference:
             out["time/reference"] = reference_s  # part of the scoring loop's busy time
