@@ -163,6 +163,8 @@ def test_submitted_run_places_each_pool_on_its_node_group(cluster, tmp_path):
         f"run.output_dir={tmp_path}",
         "run.name=pinned",
         "trainer.total_steps=2",
+        # the group forms across nodes under the job too (the stop test keeps the object store)
+        "weight_sync.transport=collective",
         *RUN,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -170,6 +172,7 @@ def test_submitted_run_places_each_pool_on_its_node_group(cluster, tmp_path):
     # the job ran the uploaded checkout, with cluster.address replaced by auto
     assert "python -m rlsys.cli train" in result.stdout
     assert "cluster.address=auto" in result.stdout
+    assert "weight_sync.transport=collective" in result.stdout
     summary = json.loads((tmp_path / "pinned" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["accounting"]["balanced"]
     assert summary["nodes"]["rollout"] == [cluster.nodes["rollout_nodes"]]
