@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import pickle
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -32,9 +33,8 @@ def free_address() -> SyncAddress:
 
 def _node_key() -> str:
     """Identifies a machine whose processes share /dev/shm (the Ray node when in Ray)."""
-    import ray
-
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # not imported: no Ray here, and none need be installed
+    if ray is not None and ray.is_initialized():
         return ray.get_runtime_context().get_node_id()
     return socket.gethostname()
 
