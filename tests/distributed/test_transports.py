@@ -102,8 +102,10 @@ GPUS = torch.cuda.device_count()
         ),
     ],
 )
-def test_receivers_get_the_senders_buckets_bit_for_bit(plane, world):
+def test_receivers_get_the_senders_buckets_bit_for_bit(plane, world, monkeypatch):
     versions = 3
+    if plane == "gloo":  # the gloo plane also binds where GLOO_SOCKET_IFNAME says
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     out = mp.Manager().dict()
     mp.spawn(_member, args=(world, _port(), plane, versions, out), nprocs=world)
     for rank in range(world):
@@ -125,3 +127,11 @@ def test_receivers_get_the_senders_buckets_bit_for_bit(plane, world):
                 for name, want in want_bucket.items():
                     assert got_bucket[name].dtype == want.dtype
                     assert torch.equal(got_bucket[name], want), (plane, version, name)
+
+
+def test_a_missing_gloo_interface_is_named_with_the_fix(monkeypatch):
+    from rlsys.weight_sync.group import _gloo_devices
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuchif0")
+    with pytest.raises(RuntimeError, match=r"GLOO_SOCKET_IFNAME='nosuchif0'.*ip addr"):
+        _gloo_devices(2)
