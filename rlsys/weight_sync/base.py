@@ -28,6 +28,7 @@ class SendResult:
     num_buckets: int = 0
     num_tensors: int = 0
     num_bytes: int = 0
+    data_plane: str = ""  # what carried the bytes: object_store, shm, gloo, nccl or cuda_ipc
     handle: Any = None  # transport-specific, for receivers (object store: the bucket refs)
 
 

@@ -65,7 +65,7 @@ class CollectiveTransport:
 
     def send(self, buckets: Iterable[Bucket], version: int) -> SendResult:
         group, plane = self._connected()
-        result = SendResult(version)
+        result = SendResult(version, data_plane=self.data_plane)
         for bucket in buckets:  # each next() gathers the following bucket from the shards
             if not bucket:
                 continue

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import pickle
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -32,11 +34,40 @@ def free_address() -> SyncAddress:
 
 def _node_key() -> str:
     """Identifies a machine whose processes share /dev/shm (the Ray node when in Ray)."""
-    import ray
-
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # not imported: no Ray here, and none need be installed
+    if ray is not None and ray.is_initialized():
         return ray.get_runtime_context().get_node_id()
     return socket.gethostname()
+
+
+def _gloo_devices(count: int) -> list:
+    """``count`` gloo endpoints on an address the other members can reach.
+
+    Gloo's default endpoint is whatever this machine's hostname resolves to, which on many
+    hosts (``127.0.1.1`` in /etc/hosts) is loopback: fine on one machine, unreachable from
+    another. So: the interfaces in ``GLOO_SOCKET_IFNAME`` when set (as ``init_process_group``
+    honours it), else the IP Ray advertises for this node (other nodes reach it there), else
+    the hostname's address.
+    """
+    gloo = dist.ProcessGroupGloo
+    setting = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    interfaces = [name for name in setting.split(",") if name]
+    if interfaces:
+        try:
+            return [
+                gloo.create_device(interface=interfaces[i % len(interfaces)]) for i in range(count)
+            ]
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"GLOO_SOCKET_IFNAME={setting!r} names an interface this machine "
+                f"({socket.gethostname()}) lacks or that has no address ({exc}); set it to the "
+                "interfaces that reach the other nodes (`ip addr` lists them) or unset it"
+            ) from exc
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ip = ray.util.get_node_ip_address()
+        return [gloo.create_device(hostname=ip) for _ in range(count)]
+    return [gloo.create_default_device() for _ in range(count)]
 
 
 class SyncGroup:
@@ -55,9 +86,7 @@ class SyncGroup:
         )
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
-        options._devices = [
-            dist.ProcessGroupGloo.create_default_device() for _ in range(GLOO_DEVICES)
-        ]
+        options._devices = _gloo_devices(GLOO_DEVICES)
         options._threads = 2 * GLOO_DEVICES
         self.gloo = dist.ProcessGroupGloo(
             dist.PrefixStore("gloo", self.store), rank, world_size, options

@@ -55,7 +55,7 @@ class ObjectStoreTransport:
         """Nothing to join: Ray's object store is the medium."""
 
     def send(self, buckets: Iterable[Bucket], version: int) -> SendResult:
-        result = SendResult(version, handle=[])
+        result = SendResult(version, data_plane="object_store", handle=[])
         for bucket in buckets:
             if not bucket:
                 continue

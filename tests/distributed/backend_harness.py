@@ -1,5 +1,5 @@
-"""Helpers for the backend tests: a toy batch, gloo process groups in real processes, and
-building a backend and reading its full weights there."""
+"""Helpers for the backend tests: a toy batch, gloo (or NCCL) process groups in real
+processes, and building a backend and reading its full weights there."""
 
 from __future__ import annotations
 
@@ -47,12 +47,14 @@ def toy_batch(model_dir: str, seed: int = 0, rows: int = 11):
     return batch
 
 
-def _entry(rank, fn, world_size, port, out_dir, args):
+def _entry(rank, fn, world_size, port, out_dir, args, backend):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if backend == "nccl":  # one GPU per rank: NCCL refuses two ranks on one device
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
     try:
         result = fn(rank, world_size, *args)
@@ -61,13 +63,13 @@ def _entry(rank, fn, world_size, port, out_dir, args):
         dist.destroy_process_group()
 
 
-def run_ranks(fn, world_size: int, out_dir: Path, *args) -> list:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo processes; what each
-    returns (saved with torch.save), by rank."""
+def run_ranks(fn, world_size: int, out_dir: Path, *args, backend: str = "gloo") -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes of a ``backend``
+    group (nccl: rank r on GPU r); what each returns (saved with torch.save), by rank."""
     out_dir.mkdir(parents=True, exist_ok=True)
     mp.spawn(
         _entry,
-        args=(fn, world_size, free_port(), str(out_dir), args),
+        args=(fn, world_size, free_port(), str(out_dir), args, backend),
         nprocs=world_size,
         join=True,
     )

@@ -1,7 +1,8 @@
 """The streaming transport in real processes: bit-exact buckets, bucket boundaries, versions.
 
 One sender and two receivers form a real sync group (TCPStore + gloo) in spawned processes, for
-both CPU data planes (and, on a GPU machine, CUDA IPC with all three on one GPU). Tensors of mixed dtypes (fp32, bf16, int64, a 0-d scalar) travel in
+both CPU data planes (and, on a GPU machine, CUDA IPC with all three on one GPU, and NCCL from
+one GPU to another). Tensors of mixed dtypes (fp32, bf16, int64, a 0-d scalar) travel in
 buckets under a byte limit; receivers must see exactly the sender's buckets, bit for bit, over
 several versions with different values each time.
 """
@@ -43,15 +44,17 @@ def _buckets(state: dict[str, torch.Tensor]):
     return bucketize(state.items(), LIMIT)
 
 
-# plane -> transport. NCCL refuses several ranks on one GPU, so its plane needs a multi-GPU box.
-GPU_PLANES = {"cuda_ipc": "cuda_ipc"}
+# plane -> transport on GPUs; the CPU planes are the collective transport's
+GPU_PLANES = {"cuda_ipc": "cuda_ipc", "nccl": "collective"}
 
 
 def _member(rank, world, port, plane, versions, out):
     name = GPU_PLANES.get(plane, "collective")
     device = "cuda" if plane in GPU_PLANES else "cpu"
-    if device == "cuda":
+    if plane == "cuda_ipc":
         torch.cuda.set_device(0)  # every member on one GPU, as colocated actors are
+    elif plane == "nccl":
+        torch.cuda.set_device(rank)  # NCCL refuses two ranks on one GPU
     transport = TRANSPORTS.get(name)(
         WeightSyncConfig(
             transport=name, cpu_data_plane="auto" if device == "cuda" else plane, timeout_s=60
@@ -77,16 +80,32 @@ def _member(rank, world, port, plane, versions, out):
     transport.close()
 
 
+GPUS = torch.cuda.device_count()
+
+
 @pytest.mark.parametrize(
-    "plane",
+    ("plane", "world"),
     [
-        "shm",
-        "gloo",
-        pytest.param("cuda_ipc", marks=pytest.mark.gpu),
+        pytest.param("shm", 3, id="shm"),
+        pytest.param("gloo", 3, id="gloo"),
+        pytest.param("cuda_ipc", 3, id="cuda_ipc", marks=pytest.mark.gpu),
+        pytest.param(  # a sender and one receiver, each on its own GPU
+            "nccl",
+            2,
+            id="nccl",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(
+                    0 < GPUS < 2, reason=f"the NCCL plane needs 2 CUDA GPUs; this has {GPUS}"
+                ),
+            ],
+        ),
     ],
 )
-def test_receivers_get_the_senders_buckets_bit_for_bit(plane):
-    world, versions = 3, 3
+def test_receivers_get_the_senders_buckets_bit_for_bit(plane, world, monkeypatch):
+    versions = 3
+    if plane == "gloo":  # the gloo plane also binds where GLOO_SOCKET_IFNAME says
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     out = mp.Manager().dict()
     mp.spawn(_member, args=(world, _port(), plane, versions, out), nprocs=world)
     for rank in range(world):
@@ -100,7 +119,7 @@ def test_receivers_get_the_senders_buckets_bit_for_bit(plane):
             6,
             sum(bucket_bytes(b) for b in expected),
         )
-        for rank in (1, 2):
+        for rank in range(1, world):
             got = out[rank][1][version]
             assert [list(b) for b in got] == [list(b) for b in expected]  # same boundaries
             for got_bucket, want_bucket in zip(got, expected, strict=True):
@@ -108,3 +127,11 @@ def test_receivers_get_the_senders_buckets_bit_for_bit(plane):
                 for name, want in want_bucket.items():
                     assert got_bucket[name].dtype == want.dtype
                     assert torch.equal(got_bucket[name], want), (plane, version, name)
+
+
+def test_a_missing_gloo_interface_is_named_with_the_fix(monkeypatch):
+    from rlsys.weight_sync.group import _gloo_devices
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuchif0")
+    with pytest.raises(RuntimeError, match=r"GLOO_SOCKET_IFNAME='nosuchif0'.*ip addr"):
+        _gloo_devices(2)

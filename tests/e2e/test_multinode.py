@@ -163,6 +163,8 @@ def test_submitted_run_places_each_pool_on_its_node_group(cluster, tmp_path):
         f"run.output_dir={tmp_path}",
         "run.name=pinned",
         "trainer.total_steps=2",
+        # the group forms across nodes under the job too (the stop test keeps the object store)
+        "weight_sync.transport=collective",
         *RUN,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -170,6 +172,7 @@ def test_submitted_run_places_each_pool_on_its_node_group(cluster, tmp_path):
     # the job ran the uploaded checkout, with cluster.address replaced by auto
     assert "python -m rlsys.cli train" in result.stdout
     assert "cluster.address=auto" in result.stdout
+    assert "weight_sync.transport=collective" in result.stdout
     summary = json.loads((tmp_path / "pinned" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["accounting"]["balanced"]
     assert summary["nodes"]["rollout"] == [cluster.nodes["rollout_nodes"]]
@@ -187,6 +190,34 @@ def test_submitted_run_places_each_pool_on_its_node_group(cluster, tmp_path):
         env={"RAY_AUTH_TOKEN": "not-the-token"},
     )
     assert refused.returncode == 2 and "token" in refused.stderr.lower(), refused.stderr
+
+
+def test_collective_sync_across_nodes_keeps_engines_greedy_equal_to_the_learner(cluster):
+    """weight_sync.transport=collective with the learner and the engine on different nodes:
+    the group forms across them, bytes go over gloo (shared memory needs one node), and after
+    each sync the engine's greedy replies are the learner's. The check runs in a driver of its
+    own: this process's Ray (other tests' ``ray_cpu``) cannot join the cluster."""
+    overrides = [
+        *RUN,
+        "weight_sync.transport=collective",
+        "weight_sync.cpu_data_plane=auto",  # must pick gloo: the engine is on another node
+        "weight_sync.bucket_mb=0.05",
+    ]
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("sync_check.py")), cluster.gcs, str(ROOT)]
+        + overrides,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**AUTH, "PYTHONPATH": pythonpath},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["planes"] == ["gloo"] * 3
+    assert report["nodes"]["learner"] == [cluster.nodes["learner_nodes"]]
+    assert report["nodes"]["rollout"] == [cluster.nodes["rollout_nodes"]]
 
 
 def test_stop_ends_a_running_job(cluster, tmp_path):

@@ -1,5 +1,6 @@
 """Every rollout engine offers the ``RolloutEngine`` interface the rollout worker drives, with
-the same call signatures (checked on the classes: building a vLLM engine is an e2e test's job)."""
+the same call signatures (checked on the classes: building a vLLM engine is an e2e test's job);
+the HF engine's sleep and wake, driven through that interface, on CPU and on a GPU."""
 
 from __future__ import annotations
 
@@ -32,3 +33,32 @@ def test_the_hf_engine_is_a_rollout_engine(tiny_model_dir):
     engine = HFEngine(tiny_model_dir, "float32", RolloutConfig(), torch.device("cpu"))
     assert isinstance(engine, RolloutEngine)
     assert engine.version == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_hf_engine_wakes_to_the_same_greedy_output(tiny_model_dir, device):
+    """sleep() frees at least the weights' accelerator memory (nothing on CPU), and wake()
+    restores the same policy: greedy output is unchanged."""
+    import torch
+
+    from rlsys.config.schema import RolloutConfig
+    from rlsys.models.loading import load_model, load_tokenizer
+    from rlsys.types import SamplingParams
+
+    tok = load_tokenizer(tiny_model_dir)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in ["1+2=", "33+44=", "70+8="]]
+    greedy = SamplingParams(greedy=True, max_new_tokens=8)
+    engine: RolloutEngine = HFEngine(tiny_model_dir, "float32", RolloutConfig(), device)
+    before = [g[0].token_ids for g in engine.generate(prompts, greedy)]
+    if device == "cuda":
+        weights = sum(t.numel() * t.element_size() for t in load_model(tiny_model_dir).parameters())
+        torch.cuda.synchronize()
+        awake = torch.cuda.memory_allocated()
+    engine.sleep()
+    if device == "cuda":
+        freed = awake - torch.cuda.memory_allocated()
+        assert freed >= weights, (
+            f"sleep() freed {freed} B of GPU memory; the weights hold {weights} B"
+        )
+    engine.wake()
+    assert [g[0].token_ids for g in engine.generate(prompts, greedy)] == before
