@@ -1,4 +1,5 @@
-"""The learner group resized mid-run on real Ray actors and gloo (FSDP2): 1 -> 2 -> 1 ranks by
+"""The learner group (and a PPO critic with it) resized mid-run on real Ray actors and gloo
+(FSDP2): 1 -> 2 -> 1 ranks by
 ``learner.elastic.schedule``. Synchronous: the steps' batches and updates match a run stopped
 at the first switch's checkpoint and resumed by hand on 2 ranks. Asynchronous: generation goes
 on through the switches, every step is logged once, the policy version runs on without a gap
@@ -102,18 +103,28 @@ def test_learner_resize_matches_a_run_resumed_by_hand(ray_cpu, tmp_path):
                 )
 
 
+PPO = ["algorithm=ppo", "critic.num_cpus_per_rank=0.5", "reference.num_cpus=0.5"]
+
+
 @pytest.mark.long  # CI resizes an async run with `rlsys scale` (test_elastic.py)
-def test_learner_resize_while_async_loses_and_repeats_nothing(ray_cpu, tmp_path):
+@pytest.mark.parametrize("critic", [False, True], ids=["grpo", "ppo_critic_follows"])
+def test_learner_resize_while_async_loses_and_repeats_nothing(ray_cpu, tmp_path, critic):
     summary, steps, logged = _train(
         tmp_path / "async",
-        [SCHEDULE, "buffer.max_staleness=2", "algorithm.off_policy=decoupled"],
+        [
+            SCHEDULE,
+            "buffer.max_staleness=2",
+            "algorithm.off_policy=decoupled",
+            *(PPO if critic else []),
+        ],
     )
     assert summary["steps"] == 3 and logged == [1, 2, 3]
-    assert [(e["pool"], e["from"], e["to"]) for e in summary["scale_events"]] == [
-        ("learner", 1, 2),
-        ("learner", 2, 1),
-    ]
-    assert [steps[s]["pool/learner_ranks"] for s in (1, 2, 3)] == [1, 2, 1]
+    pools = ("learner", "critic") if critic else ("learner",)
+    assert sorted((e["pool"], e["from"], e["to"]) for e in summary["scale_events"]) == sorted(
+        [(pool, 1, 2) for pool in pools] + [(pool, 2, 1) for pool in pools]
+    )
+    for pool in pools:
+        assert [steps[s][f"pool/{pool}_ranks"] for s in (1, 2, 3)] == [1, 2, 1]
     assert [steps[s]["policy/version"] for s in (1, 2, 3)] == [1, 2, 3]
     assert summary["policy_version"] == 3
     _balanced(summary)
