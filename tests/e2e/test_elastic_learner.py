@@ -1,9 +1,8 @@
 """The learner group (and a PPO critic with it) resized mid-run on real Ray actors and gloo
-(FSDP2): 1 -> 2 -> 1 ranks by
-``learner.elastic.schedule``. Synchronous: the steps' batches and updates match a run stopped
-at the first switch's checkpoint and resumed by hand on 2 ranks. Asynchronous: generation goes
-on through the switches, every step is logged once, the policy version runs on without a gap
-and issued = trained + dropped."""
+(FSDP2): 1 -> 2 -> 1 ranks by ``learner.elastic.schedule``. Synchronous: the steps' batches and
+updates match a run stopped at the first switch's checkpoint and resumed by hand on 2 ranks.
+Asynchronous: generation goes on through the switches, every step is logged once, the policy
+version runs on without a gap and issued = trained + dropped."""
 
 from __future__ import annotations
 
