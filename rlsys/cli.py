@@ -4,8 +4,9 @@ Overrides are Hydra overrides (``learner.world_size=1``, ``algorithm=grpo``). Th
 validated before anything heavy is imported or started, so a bad key fails in about a second.
 ``rlsys submit launcher=<ray_job|kuberay|slurm>`` sends ``rlsys train`` with the same
 overrides to a cluster; ``status`` / ``stop`` follow the job; ``scale`` resizes a running
-run's rollout pool; ``report`` plots a run's metrics; ``doctor [--gpu]`` checks this machine's
-stack with short real runs and writes a report to attach to a bug (exit 1 if a check failed).
+run's rollout pool or learner group; ``report`` plots a run's metrics; ``doctor [--gpu]``
+checks this machine's stack with short real runs and writes a report to attach to a bug (exit 1
+if a check failed).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ JOB_COMMANDS = {
     "status": "print the state of a submitted job (give the same launcher overrides)",
     "stop": "stop a submitted job (the run checkpoints on SIGTERM)",
 }
-SCALE_HELP = "resize a running run's rollout pool: rlsys scale RUN_DIR rollout=N"
+SCALE_HELP = (
+    "resize a running run's pools after its current step: rlsys scale RUN_DIR rollout=N "
+    "learner=M [critic=K]"
+)
 REPORT_HELP = "plot a run's metrics.jsonl: RUN_DIR/report/index.html and a PNG per panel"
 DOCTOR_HELP = (
     "check this machine: versions, a 2-step training run, weight-sync timing (--gpu: the GPU "
@@ -60,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("overrides", nargs="*", help="launcher=... cluster.address=... etc.")
     scale = sub.add_parser("scale", help=SCALE_HELP, description=SCALE_HELP)
     scale.add_argument("run_dir", help="the run's directory (it holds config.yaml)")
-    scale.add_argument("targets", nargs="+", help="pool=size, e.g. rollout=4")
+    scale.add_argument("targets", nargs="+", help="pool=size, e.g. rollout=4 learner=2")
     export = sub.add_parser("export", help=EXPORT_HELP, description=EXPORT_HELP)
     export.add_argument("checkpoint", help="a run's checkpoints/step_<N> (or its policy/)")
     export.add_argument("out_dir", help="where the Hugging Face directory goes")

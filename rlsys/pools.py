@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -31,9 +32,10 @@ class Pools:
     transport: WeightTransport
     bucket_bytes: int
     critic: LearnerGroup | None = None
-    # Start a fresh policy / critic / reference group (for recovery after a rank died).
-    respawn_learner: Callable[[], LearnerGroup] | None = None
-    respawn_critic: Callable[[], LearnerGroup] | None = None
+    # Start a fresh policy / critic group of N ranks (recovery after a rank died, a resize),
+    # or reference group.
+    respawn_learner: Callable[[int], LearnerGroup] | None = None
+    respawn_critic: Callable[[int], LearnerGroup] | None = None
     respawn_reference: Callable[[], LearnerGroup] | None = None
     scorer: RewardService | None = None  # None: the collector scores in this process
 
@@ -65,15 +67,20 @@ class Pools:
         self.rollout.replace(worker)
         self.connect_weight_sync()
 
-    def replace_learners(self) -> None:
+    def replace_learners(self, sizes: dict[str, int] | None = None, connect: bool = True) -> None:
         """Kill the learner (and critic) groups and start fresh ones on their starting
-        weights (load a checkpoint next), re-forming the sync group."""
+        weights (load a checkpoint next), each with as many ranks as before or as ``sizes``
+        asks (``{"learner": 2, "critic": 1}``); then re-form the sync group (``connect``)."""
+        sizes = sizes or {}
+        ranks = sizes.get("learner", len(self.learner.workers))
         self.learner.shutdown(timeout_s=5.0)
-        self.learner = self.respawn_learner()
+        self.learner = self.respawn_learner(ranks)
         if self.critic is not None:
+            ranks = sizes.get("critic", len(self.critic.workers))
             self.critic.shutdown(timeout_s=5.0)
-            self.critic = self.respawn_critic()
-        self.connect_weight_sync()
+            self.critic = self.respawn_critic(ranks)
+        if connect:
+            self.connect_weight_sync()
 
     def replace_reference(self) -> None:
         """Kill the reference group and start a fresh one (it never changes: nothing to load)."""
@@ -161,9 +168,9 @@ def start_pools(
     if temperature is None:
         temperature = cfg.rollout.temperature
 
-    def respawn_learner() -> LearnerGroup:
+    def respawn_learner(world_size: int = cfg.learner.world_size) -> LearnerGroup:
         return LearnerGroup(
-            cfg.learner,
+            dataclasses.replace(cfg.learner, world_size=world_size),
             placement.learner,
             model_path,
             cfg.model.dtype,
@@ -171,9 +178,9 @@ def start_pools(
             lora=cfg.model.lora,
         )
 
-    def respawn_critic() -> LearnerGroup:
+    def respawn_critic(world_size: int = cfg.critic.world_size) -> LearnerGroup:
         return LearnerGroup(
-            cfg.critic,
+            dataclasses.replace(cfg.critic, world_size=world_size),
             placement.critic,
             cfg.critic.model_path or model_path,
             cfg.model.dtype,

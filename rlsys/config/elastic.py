@@ -1,11 +1,28 @@
-"""Config of the elastic rollout pool: workers added or removed while a run trains."""
+"""Config of the elastic pools: rollout workers, and learner or critic ranks, added or removed
+while a run trains (docs/launching.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlsys.config.checks import positive
 from rlsys.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlsys.config.schema import TrainConfig
+
+RESIZABLE_GROUPS = ("learner", "critic")  # learner groups that resize mid-run
+
+
+def _check_schedule(key: str, schedule: dict[int, int], what: str) -> None:
+    for step, size in schedule.items():
+        if step < 1 or size < 1:
+            raise ConfigError(
+                f"{key} has {step}: {size}; steps and {what} must be >= 1, e.g. "
+                f"{key}={{100:4,500:2}}"
+            )
 
 
 @dataclass
@@ -21,10 +38,60 @@ class ElasticConfig:
     start_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        for step, workers in self.schedule.items():
-            if step < 1 or workers < 1:
-                raise ConfigError(
-                    f"rollout.elastic.schedule has {step}: {workers}; steps and worker counts "
-                    "must be >= 1, e.g. rollout.elastic.schedule={100:4,500:2}"
-                )
+        _check_schedule("rollout.elastic.schedule", self.schedule, "worker counts")
         positive("rollout.elastic.start_timeout_s", self.start_timeout_s)
+
+
+@dataclass
+class GroupElasticConfig:
+    """``learner.elastic`` / ``critic.elastic``: restart the group at another number of ranks
+    mid-run, on a schedule or on request (``rlsys scale RUN_DIR learner=N``): checkpoint,
+    new ranks, the checkpoint loaded resharded (FSDP2 only); see docs/launching.md."""
+
+    # Learner step -> ranks from then on, e.g. {100: 4, 500: 2}; applied after that step. A
+    # critic without a schedule entry or request of its own follows the learner's new size.
+    schedule: dict[int, int] = field(default_factory=dict)
+
+    def check(self, prefix: str, backend: str, world_size: int) -> None:
+        """Validate, naming keys under ``prefix`` (learner or critic)."""
+        _check_schedule(f"{prefix}.elastic.schedule", self.schedule, "rank counts")
+        if backend == "deepspeed" and any(n != world_size for n in self.schedule.values()):
+            raise ConfigError(deepspeed_refusal(prefix, world_size))
+
+
+def deepspeed_refusal(prefix: str, world_size: int) -> str:
+    """Why a DeepSpeed group keeps its size, and what to do instead."""
+    return (
+        f"{prefix}.backend=deepspeed cannot change {prefix}.world_size mid-run: a ZeRO "
+        "checkpoint loads only into as many ranks as wrote it (this code does not convert it "
+        "to DeepSpeed's universal format), so a stopped run cannot resume at another size "
+        f"either; keep {prefix}.world_size={world_size}, or train with {prefix}.backend=fsdp2, "
+        "whose checkpoints reshard to any world size"
+    )
+
+
+def group_sizes(cfg: TrainConfig, key: str) -> list[tuple[str, int]]:
+    """Every size the group ``key`` takes in the run, with the key that sets it."""
+    group = getattr(cfg, key)
+    sizes = [(f"{key}.world_size", group.world_size)]
+    sizes += [(f"{key}.elastic.schedule at step {s}", n) for s, n in group.elastic.schedule.items()]
+    return sizes
+
+
+def resized(cfg: TrainConfig, sizes: dict[str, int]) -> TrainConfig:
+    """``cfg`` with the learner groups at ``sizes`` (``{"learner": 2}``), checked as a new run
+    of that size would be; raises ConfigError naming the key and the fix."""
+    changes = {}
+    for key, size in sizes.items():
+        if key not in RESIZABLE_GROUPS:
+            raise ConfigError(f"{key}: only {list(RESIZABLE_GROUPS)} are learner groups")
+        group = getattr(cfg, key)
+        if key == "critic" and not cfg.algorithm.uses_critic:
+            raise ConfigError(
+                f"critic={size}: algorithm.advantage={cfg.algorithm.advantage} runs no critic; "
+                "resize the learner alone"
+            )
+        if group.backend == "deepspeed" and size != group.world_size:
+            raise ConfigError(deepspeed_refusal(key, group.world_size))
+        changes[key] = dataclasses.replace(group, world_size=size)
+    return dataclasses.replace(cfg, **changes)

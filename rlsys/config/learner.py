@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rlsys.backends import BACKENDS
 from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.elastic import GroupElasticConfig
 from rlsys.config.errors import ConfigError
 
 
@@ -86,6 +87,8 @@ class LearnerConfig:
     compile: bool = False
     optim: OptimConfig = field(default_factory=OptimConfig)  # see OptimConfig
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)  # backend=deepspeed
+    # resize the group mid-run (schedule; `rlsys scale RUN_DIR learner=N`)
+    elastic: GroupElasticConfig = field(default_factory=GroupElasticConfig)
 
     def __post_init__(self) -> None:
         self.check("learner")
@@ -103,6 +106,7 @@ class LearnerConfig:
             one_of(f"{prefix}.mixed_precision", self.mixed_precision, MIXED_PRECISION)
         self.optim.check(f"{prefix}.optim")
         self.deepspeed.check(f"{prefix}.deepspeed")
+        self.elastic.check(prefix, self.backend, self.world_size)
         if self.compile and self.backend == "deepspeed" and self.deepspeed.zero_stage == 3:
             raise ConfigError(
                 f"{prefix}.compile=true does not work with {prefix}.deepspeed.zero_stage=3 "

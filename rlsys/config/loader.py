@@ -151,6 +151,19 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
     return to_typed(compose_config(overrides or [], config_name))
 
 
+def load_run_config(path: str | Path) -> TrainConfig:
+    """The config a run wrote (``<run_dir>/config.yaml``), validated again."""
+    try:
+        saved = OmegaConf.load(path)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path} does not read as a run config ({exc})") from exc
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {_explain(exc, [])}") from exc
+    return to_typed(merged)
+
+
 def to_yaml(cfg: TrainConfig) -> str:
     """The resolved config as YAML (what goes to ``<run_dir>/config.yaml``)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -15,7 +15,7 @@ from rlsys.backends import BACKENDS
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.data import DataConfig
-from rlsys.config.elastic import ElasticConfig
+from rlsys.config.elastic import ElasticConfig, GroupElasticConfig, group_sizes
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.launch import LauncherConfig
@@ -325,6 +325,7 @@ class ReferenceConfig:
             mixed_precision=None,
             compile=False,
             deepspeed=dataclasses.replace(learner.deepspeed, zero_stage=3, offload_optimizer=False),
+            elastic=GroupElasticConfig(),  # the reference keeps its size
         )
 
 
@@ -640,13 +641,20 @@ class TrainConfig:
         if self.algorithm.uses_critic:
             groups.append(("critic", self.critic))
         for key, group in groups:
-            needed = group.world_size * group.num_mini_batches
-            if samples < needed:
-                raise ConfigError(
-                    f"data.batch_size * rollout.n_samples = {samples} samples cannot feed "
-                    f"{key}.world_size * {key}.num_mini_batches = {needed} mini-batch shards; "
-                    f"raise data.batch_size or lower {key}.num_mini_batches"
-                )
+            for size_key, size in group_sizes(self, key):
+                needed = size * group.num_mini_batches
+                if samples < needed:
+                    raise ConfigError(
+                        f"data.batch_size * rollout.n_samples = {samples} samples cannot feed "
+                        f"{size_key} = {size} ranks x {key}.num_mini_batches = "
+                        f"{group.num_mini_batches}: {needed} mini-batch shards; raise "
+                        f"data.batch_size, lower {key}.num_mini_batches or the ranks"
+                    )
+        if self.critic.elastic.schedule and not self.algorithm.uses_critic:
+            raise ConfigError(
+                f"critic.elastic.schedule is set but algorithm.advantage={algo.advantage} "
+                "runs no critic; remove critic.elastic.schedule"
+            )
 
     def _check_engine_sleep(self) -> None:
         """Engines sleep only where they share devices with the learners and nothing

@@ -1,7 +1,8 @@
 """The rollout pool resized mid-run on real Ray actors: by the config's schedule (async, with
 partial rollouts, so retiring workers hold requests in flight) and by ``rlsys scale`` against
-a running ``rlsys train``. New workers get the current weights before taking prompts;
-removed ones finish their requests; issued = trained + dropped throughout."""
+a running ``rlsys train`` (which resizes the learner group too). New workers get the current
+weights before taking prompts; removed ones finish their requests; issued = trained + dropped
+throughout. The learner group's own tests: test_elastic_learner.py."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ def test_schedule_grows_then_shrinks_the_pool_while_async(run_controller):
     )
     assert summary["steps"] == 7
     assert summary["scale_events"] == [
-        {"step": 2, "from": 1, "to": 3},
-        {"step": 4, "from": 3, "to": 1},
+        {"step": 2, "pool": "rollout", "from": 1, "to": 3},
+        {"step": 4, "pool": "rollout", "from": 3, "to": 1},
     ]
     workers = [r["pool/rollout_workers"] for r in records if "pool/rollout_workers" in r]
     assert workers == [1, 1, 3, 3, 1, 1, 1]
@@ -68,7 +69,7 @@ def test_new_workers_hold_the_current_weights_before_taking_prompts(run_controll
     summary, records = run_controller(
         [*SMALL, "trainer.total_steps=4", "rollout.elastic.schedule={1:3}"]
     )
-    assert summary["scale_events"] == [{"step": 1, "from": 1, "to": 3}]
+    assert summary["scale_events"] == [{"step": 1, "pool": "rollout", "from": 1, "to": 3}]
     steps = [r for r in records if "buffer/staleness_max" in r]
     assert [r["buffer/staleness_max"] for r in steps] == [0, 0, 0, 0]
     assert summary["accounting"]["samples_dropped"]["stale"] == 0
@@ -91,14 +92,27 @@ def _wait_for(condition, proc: subprocess.Popen, timeout_s: float = 240.0) -> No
 
 
 def _scale(run: Path, size: int) -> None:
+    """Ask for ``size`` rollout workers and as many learner ranks, in one request."""
     result = subprocess.run(
-        [sys.executable, "-m", "rlsys.cli", "scale", str(run), f"rollout={size}"],
+        [
+            sys.executable,
+            "-m",
+            "rlsys.cli",
+            "scale",
+            str(run),
+            f"rollout={size}",
+            f"learner={size}",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
     )
     assert result.returncode == 0 and "requested rollout=" in result.stdout, result.stderr
+
+
+def _sizes(record: dict) -> tuple:
+    return record.get("pool/rollout_workers"), record.get("pool/learner_ranks")
 
 
 @pytest.mark.slow
@@ -127,13 +141,10 @@ def test_rlsys_scale_resizes_a_running_train(tmp_path):
     try:
         _wait_for(lambda: len(_steps_logged(run)) >= 2, proc)
         _scale(run, 2)
-        _wait_for(lambda: any(r.get("pool/rollout_workers") == 2 for r in _steps_logged(run)), proc)
+        _wait_for(lambda: any(_sizes(r) == (2, 2) for r in _steps_logged(run)), proc)
         _scale(run, 1)
         _wait_for(
-            lambda: (
-                _steps_logged(run)[-1].get("pool/rollout_workers") == 1
-                and len(_steps_logged(run)) < 60
-            ),
+            lambda: _sizes(_steps_logged(run)[-1]) == (1, 1) and len(_steps_logged(run)) < 60,
             proc,
         )
         _, err = proc.communicate(timeout=600)
@@ -142,6 +153,16 @@ def test_rlsys_scale_resizes_a_running_train(tmp_path):
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 60
-    assert [(e["from"], e["to"]) for e in summary["scale_events"]] == [(1, 2), (2, 1)]
+    events = [(e["pool"], e["from"], e["to"]) for e in summary["scale_events"]]
+    assert sorted(events) == [
+        ("learner", 1, 2),
+        ("learner", 2, 1),
+        ("rollout", 1, 2),
+        ("rollout", 2, 1),
+    ]
     assert len(summary["nodes"]["rollout"]) == 1  # the removed engine is gone
+    assert len(summary["nodes"]["learner"]) == 1
+    records = _steps_logged(run)
+    assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
+    assert [r["policy/version"] for r in records if "policy/version" in r] == list(range(1, 61))
     _balanced(summary, 60)

@@ -21,8 +21,9 @@ groups as they finish, into the streaming buffer; this thread is the learner::
         drained, learners + controller state saved          (recovery.py)
     a worker process dies: replace it; a rollout request is retried, a failed step goes
         back to the latest checkpoint                         (recovery.py)
-    after a step, if asked (rollout.elastic.schedule, `rlsys scale`): add rollout workers
-        (weights v first) or retire some after their requests  (scaling.py)
+    after a step, if asked (*.elastic.schedule, `rlsys scale`): restart the learner group
+        at N ranks from a checkpoint                          (learner_scaling.py);
+        add rollout workers (weights v first) or retire some after their requests  (scaling.py)
 
 ``buffer.max_staleness=0`` is synchronous on-policy training: the next batch is issued only
 once the new weights are in the engines. ``1`` overlaps the next batch's generation with
@@ -48,6 +49,7 @@ from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
 from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint import CheckpointStore
+from rlsys.config.elastic import RESIZABLE_GROUPS
 from rlsys.config.schema import TrainConfig
 from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler, make_sampler
@@ -57,6 +59,7 @@ from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
+from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.sample_metrics import episode_metrics, reward_component_metrics, sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan
@@ -100,7 +103,7 @@ class StageTimer:
 class Controller:
     """Drives the pools through ``trainer.total_steps`` RL steps (fewer if a budget ends
     the run). ``run_dir`` is where ``rlsys scale`` leaves resize requests (None: only the
-    schedule resizes the rollout pool)."""
+    schedules resize the pools)."""
 
     def __init__(
         self,
@@ -141,8 +144,10 @@ class Controller:
         self.pad_id = tokenizer.pad_token_id
         self.preempt = threading.Event()  # set (by a SIGTERM handler): checkpoint and stop
         self.state = RunState(*self._fresh_parts())
-        self.scaler = RolloutScaler(
-            cfg.rollout.elastic, pools, self.state, ScalePlan(cfg.rollout.elastic.schedule, run_dir)
+        self.scaler = RolloutScaler(cfg.rollout.elastic, pools, self.state)
+        self.scale_plan = ScalePlan(
+            {key: getattr(cfg, key).elastic.schedule for key in ("rollout", *RESIZABLE_GROUPS)},
+            run_dir,
         )
         self.recovery = Recovery(
             cfg,
@@ -156,6 +161,9 @@ class Controller:
             run_info=self.run_info,
             reset=lambda: self.state.reset(*self._fresh_parts()),
             new_learners=self._set_learning_rates,
+        )
+        self.learner_scaler = LearnerScaler(
+            cfg, pools, self.state, self.recovery, self._set_learning_rates
         )
         self._set_learning_rates()
 
@@ -460,7 +468,9 @@ class Controller:
             self.tracker.log(step, metrics)
             if save:
                 self.recovery.save_checkpoint()
-            self.scaler.after_step(step)
+            wanted = self.scale_plan.poll(step)
+            self.learner_scaler.after_step(step, wanted)
+            self.scaler.after_step(step, wanted.get("rollout"))
             stop = self._budget_spent(self.state.elapsed())
             if stop and step < trainer.total_steps:
                 log.warning("%s reached at step %d: stopping", stop, step)
@@ -505,6 +515,7 @@ class Controller:
         self.state.sampler.observe(groups)  # at the step boundary: see rlsys.data.curriculum
         out = {
             "pool/rollout_workers": len(self.state.pipeline.rollouts),
+            "pool/learner_ranks": len(self.pools.learner.workers),
             "rollout/sampling_rounds": (drawn - self.state.drawn) / batch,
             "rollout/groups_filtered": (filtered - self.state.filtered) / n,
             "rollout/reward_errors": float(self.collector.reward_errors),
@@ -514,6 +525,8 @@ class Controller:
         if groups and self.cfg.rollout.n_samples > 1:
             uniform = sum(not has_reward_variance(g) for g in groups)
             out["rollout/uniform_group_frac"] = uniform / len(groups)
+        if self.pools.critic is not None:
+            out["pool/critic_ranks"] = len(self.pools.critic.workers)
         self.state.drawn, self.state.filtered = drawn, filtered
         if self.cfg.algorithm.uses_reference:
             out["time/reference"] = reference_s  # part of the scoring loop's busy time

@@ -145,15 +145,20 @@ class Recovery:
         weights in the engines (before the run starts, or after a recovery stopped the
         pipeline)."""
         saved = read_trainer_state(path)
-        self.pools.learner.load_checkpoint(str(path / "policy"))
-        if self.pools.critic is not None:
-            self.pools.critic.load_checkpoint(str(path / "critic"))
+        self.load_learners(path)
         self.load_state_dict(saved)
         self.pools.sync_weights(self.state.version)
         self.tracker.rewind(self.state.totals.steps)
         log.info(
             "resumed from %s: step %d, policy version %d", path, step_of(path), self.state.version
         )
+
+    def load_learners(self, path: Path) -> None:
+        """Load the policy (and critic) of the checkpoint at ``path`` into the learner groups,
+        resharded to their world sizes (FSDP2)."""
+        self.pools.learner.load_checkpoint(str(path / "policy"))
+        if self.pools.critic is not None:
+            self.pools.critic.load_checkpoint(str(path / "critic"))
 
     def restore_newest(self, candidates: list[Path]) -> Path:
         """Restore the first of ``candidates`` (newest first) that loads; a damaged one falls

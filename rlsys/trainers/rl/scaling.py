@@ -1,8 +1,8 @@
 """The RL run's elastic side: the rollout pool grows or shrinks between learner steps.
 
-``RolloutScaler`` owns the size asked for and the plan that asks (``rollout.elastic.schedule``
-and ``rlsys scale RUN_DIR rollout=N``: ``scale_requests.py``); it works on the ``RunState``
-it shares with the controller.
+``RolloutScaler`` owns the size asked for (by ``rollout.elastic.schedule`` or ``rlsys scale
+RUN_DIR rollout=N``: ``scale_requests.py``'s plan, which the controller polls); it works on the
+``RunState`` it shares with the controller. The learner groups resize in ``learner_scaling.py``.
 
 * Growing: new engines start while the others keep generating; then, with the learner idle
   and the loops held at the gate, the weight-sync group is re-formed with them and the
@@ -21,7 +21,6 @@ import ray
 
 from rlsys.config.elastic import ElasticConfig
 from rlsys.pools import Pools
-from rlsys.trainers.rl.scale_requests import ScalePlan
 from rlsys.trainers.rl.state import RunState
 
 log = logging.getLogger(__name__)
@@ -30,14 +29,14 @@ log = logging.getLogger(__name__)
 class RolloutScaler:
     """Resize the rollout pool of the run ``state`` (see the module docstring)."""
 
-    def __init__(self, cfg: ElasticConfig, pools: Pools, state: RunState, plan: ScalePlan) -> None:
-        self.cfg, self.pools, self.state, self.plan = cfg, pools, state, plan
+    def __init__(self, cfg: ElasticConfig, pools: Pools, state: RunState) -> None:
+        self.cfg, self.pools, self.state = cfg, pools, state
         self.target: int | None = None  # the size asked for; None: as started
 
-    def after_step(self, step: int) -> None:
-        """After learner step ``step``: take a new target size, if one was asked for, and
-        move the pool toward it (one change at a time: a shrink first finishes)."""
-        wanted = self.plan.poll(step)
+    def after_step(self, step: int, wanted: tuple[int, str] | None) -> None:
+        """After learner step ``step``: take the new target size ``wanted`` (and what asked
+        for it), if any, and move the pool toward it (one change at a time: a shrink first
+        finishes)."""
         if wanted is not None:
             self.target, source = wanted
             log.info("rollout pool: %d workers asked for by %s", self.target, source)
@@ -101,4 +100,5 @@ class RolloutScaler:
 
     def _record(self, step: int, before: int, after: int) -> None:
         log.info("rollout pool: %d -> %d workers after step %d", before, after, step)
-        self.state.totals.scale_events.append({"step": step, "from": before, "to": after})
+        event = {"step": step, "pool": "rollout", "from": before, "to": after}
+        self.state.totals.scale_events.append(event)

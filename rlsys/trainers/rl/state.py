@@ -29,7 +29,7 @@ class RunTotals:
     train_wall_s: float = 0.0  # wall seconds of training before this process (resumed runs)
     nonfinite_steps: int = 0  # steps with an optimizer step skipped for a non-finite value
     nonfinite_run: int = 0  # of those, in a row up to the latest step
-    scale_events: list[dict] = field(default_factory=list)  # rollout pool resizes
+    scale_events: list[dict] = field(default_factory=list)  # pool resizes: step, pool, from, to
 
 
 @dataclass
