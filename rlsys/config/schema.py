@@ -261,6 +261,13 @@ class RolloutConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)  # resize the pool mid-run
 
     def __post_init__(self) -> None:
+        scale = self.elastic.autoscale
+        if scale.enabled and not scale.min_workers <= self.num_workers <= scale.max_workers:
+            raise ConfigError(
+                f"rollout.num_workers={self.num_workers} is outside rollout.elastic.autoscale's "
+                f"[min_workers, max_workers] = [{scale.min_workers}, {scale.max_workers}]; start "
+                "within the range or widen it"
+            )
         ENGINES.check(self.engine)
         positive("rollout.num_workers", self.num_workers)
         positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)

@@ -166,3 +166,66 @@ def test_rlsys_scale_resizes_a_running_train(tmp_path):
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
     assert [r["policy/version"] for r in records if "policy/version" in r] == list(range(1, 61))
     _balanced(summary, 60)
+
+
+def _autoscaled(run_controller, extra: list[str]) -> tuple[dict, list[dict]]:
+    return run_controller(
+        [
+            *SMALL,
+            "task.reward=digit_fraction",
+            "buffer.max_staleness=1",
+            # a weight update aborts requests in flight (they continue under the new weights),
+            # so the learner's waiting shows where the autoscaler reads it: wait_for_batch
+            "rollout.partial_rollouts=true",
+            "rollout.elastic.autoscale.enabled=true",
+            "rollout.elastic.autoscale.window=2",
+            *extra,
+        ]
+    )
+
+
+def _autoscale_events(summary: dict) -> list[tuple[int, int]]:
+    events = summary["scale_events"]
+    for event in events:  # each decision records why
+        assert event["source"] == "autoscale"
+        assert 0 <= event["learner_idle_frac"] <= 1 and 0 <= event["rollout_idle_frac"] <= 1
+    return [(e["from"], e["to"]) for e in events]
+
+
+def test_autoscale_grows_the_pool_when_generation_is_the_bottleneck(run_controller):
+    # every reply runs to 96 tokens (96 decoding passes) on one worker while the learner
+    # takes one pass over the batch
+    summary, records = _autoscaled(
+        run_controller,
+        [
+            "trainer.total_steps=5",
+            "rollout.elastic.autoscale.max_workers=2",
+            "rollout.stop_token_ids=[]",
+            "task.max_new_tokens=96",
+            "learner.ppo_epochs=1",
+        ],
+    )
+    assert _autoscale_events(summary) == [(1, 2)]
+    grown = summary["scale_events"][0]
+    assert grown["step"] <= 3 and grown["learner_idle_frac"] >= 0.25  # within a window
+    workers = [r["pool/rollout_workers"] for r in records]
+    assert workers[-1] == 2
+    _balanced(summary, 5)
+
+
+@pytest.mark.long  # the other direction of the same decision (unit-tested in test_autoscale)
+def test_autoscale_shrinks_the_pool_when_the_learner_is_the_bottleneck(run_controller):
+    # two workers, two-token replies, the learner taking 8 passes over each batch: the workers
+    # sit at the staleness bound most of the time
+    summary, _ = _autoscaled(
+        run_controller,
+        [
+            "trainer.total_steps=5",
+            "rollout.num_workers=2",
+            "task.max_new_tokens=2",
+            "learner.ppo_epochs=8",
+        ],
+    )
+    assert _autoscale_events(summary) == [(2, 1)]
+    assert summary["scale_events"][0]["step"] <= 3
+    _balanced(summary, 5)

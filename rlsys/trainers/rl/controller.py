@@ -144,7 +144,9 @@ class Controller:
         self.pad_id = tokenizer.pad_token_id
         self.preempt = threading.Event()  # set (by a SIGTERM handler): checkpoint and stop
         self.state = RunState(*self._fresh_parts())
-        self.scaler = RolloutScaler(cfg.rollout.elastic, pools, self.state)
+        self.scaler = RolloutScaler(
+            cfg.rollout.elastic, pools, self.state, cfg.buffer.max_staleness
+        )
         self.scale_plan = ScalePlan(
             {key: getattr(cfg, key).elastic.schedule for key in ("rollout", *RESIZABLE_GROUPS)},
             run_dir,
@@ -470,7 +472,7 @@ class Controller:
                 self.recovery.save_checkpoint()
             wanted = self.scale_plan.poll(step)
             self.learner_scaler.after_step(step, wanted)
-            self.scaler.after_step(step, wanted.get("rollout"))
+            self.scaler.after_step(step, wanted.get("rollout"), metrics)
             stop = self._budget_spent(self.state.elapsed())
             if stop and step < trainer.total_steps:
                 log.warning("%s reached at step %d: stopping", stop, step)

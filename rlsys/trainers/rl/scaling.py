@@ -21,6 +21,7 @@ import ray
 
 from rlsys.config.elastic import ElasticConfig
 from rlsys.pools import Pools
+from rlsys.trainers.rl.autoscale import Autoscaler
 from rlsys.trainers.rl.state import RunState
 
 log = logging.getLogger(__name__)
@@ -29,17 +30,42 @@ log = logging.getLogger(__name__)
 class RolloutScaler:
     """Resize the rollout pool of the run ``state`` (see the module docstring)."""
 
-    def __init__(self, cfg: ElasticConfig, pools: Pools, state: RunState) -> None:
+    def __init__(
+        self, cfg: ElasticConfig, pools: Pools, state: RunState, ahead_steps: int = 0
+    ) -> None:
+        """``ahead_steps``: batches generation may run ahead (``buffer.max_staleness``)."""
         self.cfg, self.pools, self.state = cfg, pools, state
         self.target: int | None = None  # the size asked for; None: as started
+        self.autoscaler = None
+        if cfg.autoscale.enabled:
+            self.autoscaler = Autoscaler(cfg.autoscale, ahead_steps)
+        self._why: dict = {}  # an autoscale event's reason: source and the figures it used
 
-    def after_step(self, step: int, wanted: tuple[int, str] | None) -> None:
+    def after_step(
+        self, step: int, wanted: tuple[int, str] | None, metrics: dict[str, float] | None = None
+    ) -> None:
         """After learner step ``step``: take the new target size ``wanted`` (and what asked
-        for it), if any, and move the pool toward it (one change at a time: a shrink first
-        finishes)."""
+        for it), else the autoscaler's decision on the step's ``metrics``, if any, and move
+        the pool toward it (one change at a time: a shrink first finishes)."""
+        current = len(self.state.pipeline.rollouts)
         if wanted is not None:
             self.target, source = wanted
+            self._why = {}
             log.info("rollout pool: %d workers asked for by %s", self.target, source)
+            if self.autoscaler is not None:
+                self.autoscaler.restart()
+        elif self.autoscaler is not None and metrics is not None:
+            decision = self.autoscaler.observe(metrics, current)
+            if decision is not None:
+                self.target = decision.target
+                self._why = {"source": "autoscale", **decision.figures}
+                log.info(
+                    "rollout pool: autoscale asks for %d workers (learner idle %.2f, rollout "
+                    "idle %.2f over the last steps)",
+                    decision.target,
+                    decision.figures["learner_idle_frac"],
+                    decision.figures["rollout_idle_frac"],
+                )
         if not self._reap_retired() or self.target is None:
             return
         pipeline = self.state.pipeline
@@ -100,5 +126,5 @@ class RolloutScaler:
 
     def _record(self, step: int, before: int, after: int) -> None:
         log.info("rollout pool: %d -> %d workers after step %d", before, after, step)
-        event = {"step": step, "pool": "rollout", "from": before, "to": after}
+        event = {"step": step, "pool": "rollout", "from": before, "to": after, **self._why}
         self.state.totals.scale_events.append(event)
