@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from rlsys.backends import BACKENDS
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.cross_checks import check_train_config
 from rlsys.config.data import DataConfig
-from rlsys.config.elastic import ElasticConfig, GroupElasticConfig, group_sizes
+from rlsys.config.elastic import ElasticConfig, GroupElasticConfig
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.launch import LauncherConfig
@@ -560,125 +561,4 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_resume(self.resume)
-        if self.eval.num_prompts > self.task.eval_size:
-            raise ConfigError(
-                f"eval.num_prompts={self.eval.num_prompts} exceeds task.eval_size="
-                f"{self.task.eval_size}; lower eval.num_prompts or raise task.eval_size"
-            )
-        if self.sft.eval_prompts > self.task.eval_size:
-            raise ConfigError(
-                f"sft.eval_prompts={self.sft.eval_prompts} exceeds task.eval_size="
-                f"{self.task.eval_size}; lower sft.eval_prompts"
-            )
-        algo = self.algorithm
-        if algo.filter_uniform_groups and self.rollout.n_samples < 2:
-            raise ConfigError(
-                f"rollout.n_samples={self.rollout.n_samples} with "
-                "algorithm.filter_uniform_groups=true drops every group (one sample always "
-                "ties with itself); set algorithm.filter_uniform_groups=false or "
-                "rollout.n_samples=2 or more"
-            )
-        if not algo.has_ratio and (
-            self.learner.ppo_epochs > 1 or self.learner.num_mini_batches > 1
-        ):
-            raise ConfigError(
-                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so only its "
-                "first optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
-                "learner.num_mini_batches=1, or use algorithm.policy_loss=ppo_clip"
-            )
-        if not algo.has_ratio and self.buffer.max_staleness > 0:
-            raise ConfigError(
-                f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so it cannot "
-                f"learn from buffer.max_staleness={self.buffer.max_staleness} versions old "
-                "samples; set buffer.max_staleness=0 or algorithm.policy_loss=ppo_clip"
-            )
-        if self.critic.pretrain_steps and not algo.uses_critic:
-            raise ConfigError(
-                f"critic.pretrain_steps={self.critic.pretrain_steps} but "
-                f"algorithm.advantage={algo.advantage} uses no critic; set "
-                "critic.pretrain_steps=0 or algorithm.advantage=gae"
-            )
-        if algo.uses_critic and self.critic.pretrain_steps >= self.trainer.total_steps:
-            raise ConfigError(
-                f"critic.pretrain_steps={self.critic.pretrain_steps} leaves no policy steps in "
-                f"trainer.total_steps={self.trainer.total_steps}; lower critic.pretrain_steps"
-            )
-        if algo.compares_group and self.rollout.n_samples < 2:
-            raise ConfigError(
-                f"rollout.n_samples={self.rollout.n_samples}: algorithm.advantage="
-                f"{self.algorithm.advantage} compares the samples of a prompt and needs at "
-                "least 2; set rollout.n_samples=2 or more"
-            )
-        if algo.uses_pass_k and algo.pass_k >= self.rollout.n_samples:
-            raise ConfigError(
-                f"algorithm.pass_k={algo.pass_k} with rollout.n_samples="
-                f"{self.rollout.n_samples}: pass@k needs k < n_samples (at k = n_samples every "
-                "group's pass@k is certain and every advantage 0); lower algorithm.pass_k or "
-                "raise rollout.n_samples"
-            )
-        transport = self.weight_sync.transport
-        if TRANSPORTS.trait(transport, "colocated_gpus") and not (
-            self.learner.num_gpus_per_rank > 0
-            and self.rollout.num_gpus_per_worker > 0
-            and self.placement.mode == "colocated"
-        ):
-            raise ConfigError(
-                f"weight_sync.transport={transport} shares GPU memory, so it needs "
-                "placement.mode=colocated with learner.num_gpus_per_rank > 0 and "
-                "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
-            )
-        self._check_engine_sleep()
-        groups = [("learner", self.learner), ("critic", self.critic)]
-        if self.reference_group:
-            groups.append(("reference", self.reference.group(self.learner)))
-        for key, group in groups:
-            if self.model.dtype == "float16" and not BACKENDS.trait(group.backend, "float16"):
-                raise ConfigError(
-                    f"{key}.backend={group.backend} with model.dtype=float16 is not supported "
-                    "(fp16 needs loss scaling); use model.dtype=bfloat16 or float32"
-                )
-            if group.mixed_precision is not None and self.model.dtype != "float32":
-                raise ConfigError(
-                    f"{key}.mixed_precision={group.mixed_precision} needs fp32 master weights, "
-                    f"but model.dtype={self.model.dtype}; set model.dtype=float32 or "
-                    f"{key}.mixed_precision=null"
-                )
-        samples = self.data.batch_size * self.rollout.n_samples
-        groups = [("learner", self.learner)]
-        if self.algorithm.uses_critic:
-            groups.append(("critic", self.critic))
-        for key, group in groups:
-            for size_key, size in group_sizes(self, key):
-                needed = size * group.num_mini_batches
-                if samples < needed:
-                    raise ConfigError(
-                        f"data.batch_size * rollout.n_samples = {samples} samples cannot feed "
-                        f"{size_key} = {size} ranks x {key}.num_mini_batches = "
-                        f"{group.num_mini_batches}: {needed} mini-batch shards; raise "
-                        f"data.batch_size, lower {key}.num_mini_batches or the ranks"
-                    )
-        if self.critic.elastic.schedule and not self.algorithm.uses_critic:
-            raise ConfigError(
-                f"critic.elastic.schedule is set but algorithm.advantage={algo.advantage} "
-                "runs no critic; remove critic.elastic.schedule"
-            )
-
-    def _check_engine_sleep(self) -> None:
-        """Engines sleep only where they share devices with the learners and nothing
-        generates while the learners train."""
-        if not self.engines_sleep:
-            return
-        if self.placement.mode != "colocated":
-            raise ConfigError(
-                "placement.engine_sleep=true with placement.mode=disaggregated: the engines "
-                "have devices of their own, so sleeping frees nothing for the learners; set "
-                "placement.engine_sleep=false or placement.mode=colocated"
-            )
-        if self.buffer.max_staleness > 0:
-            raise ConfigError(
-                f"buffer.max_staleness={self.buffer.max_staleness} generates while the learners "
-                "train, so colocated engines cannot sleep then (placement.engine_sleep is on: "
-                "null turns it on where rollout workers have GPUs); set buffer.max_staleness=0, "
-                "placement.mode=disaggregated, or placement.engine_sleep=false to share the "
-                "GPUs statically (rollout.vllm.gpu_memory_utilization)"
-            )
+        check_train_config(self)

@@ -1,0 +1,159 @@
+"""Checks across sections of a run's config (``TrainConfig.__post_init__`` runs them): each
+raises ``ConfigError`` naming the keys at fault and the fix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlsys.backends import BACKENDS
+from rlsys.config.elastic import group_sizes
+from rlsys.config.errors import ConfigError
+from rlsys.weight_sync import TRANSPORTS
+
+if TYPE_CHECKING:
+    from rlsys.config.schema import TrainConfig
+
+
+def check_train_config(cfg: TrainConfig) -> None:
+    """Every cross-section check of ``cfg``."""
+    _check_eval_sizes(cfg)
+    _check_algorithm_fit(cfg)
+    _check_devices(cfg)
+    _check_batch_feeds_groups(cfg)
+
+
+def _check_eval_sizes(cfg: TrainConfig) -> None:
+    """Evaluations draw from the task's held-out split."""
+    if cfg.eval.num_prompts > cfg.task.eval_size:
+        raise ConfigError(
+            f"eval.num_prompts={cfg.eval.num_prompts} exceeds task.eval_size="
+            f"{cfg.task.eval_size}; lower eval.num_prompts or raise task.eval_size"
+        )
+    if cfg.sft.eval_prompts > cfg.task.eval_size:
+        raise ConfigError(
+            f"sft.eval_prompts={cfg.sft.eval_prompts} exceeds task.eval_size="
+            f"{cfg.task.eval_size}; lower sft.eval_prompts"
+        )
+
+
+def _check_algorithm_fit(cfg: TrainConfig) -> None:
+    """The algorithm against the group size, the staleness bound and the critic."""
+    algo = cfg.algorithm
+    if algo.filter_uniform_groups and cfg.rollout.n_samples < 2:
+        raise ConfigError(
+            f"rollout.n_samples={cfg.rollout.n_samples} with "
+            "algorithm.filter_uniform_groups=true drops every group (one sample always "
+            "ties with itself); set algorithm.filter_uniform_groups=false or "
+            "rollout.n_samples=2 or more"
+        )
+    if not algo.has_ratio and (cfg.learner.ppo_epochs > 1 or cfg.learner.num_mini_batches > 1):
+        raise ConfigError(
+            f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so only its "
+            "first optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
+            "learner.num_mini_batches=1, or use algorithm.policy_loss=ppo_clip"
+        )
+    if not algo.has_ratio and cfg.buffer.max_staleness > 0:
+        raise ConfigError(
+            f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so it cannot "
+            f"learn from buffer.max_staleness={cfg.buffer.max_staleness} versions old "
+            "samples; set buffer.max_staleness=0 or algorithm.policy_loss=ppo_clip"
+        )
+    if cfg.critic.pretrain_steps and not algo.uses_critic:
+        raise ConfigError(
+            f"critic.pretrain_steps={cfg.critic.pretrain_steps} but "
+            f"algorithm.advantage={algo.advantage} uses no critic; set "
+            "critic.pretrain_steps=0 or algorithm.advantage=gae"
+        )
+    if algo.uses_critic and cfg.critic.pretrain_steps >= cfg.trainer.total_steps:
+        raise ConfigError(
+            f"critic.pretrain_steps={cfg.critic.pretrain_steps} leaves no policy steps in "
+            f"trainer.total_steps={cfg.trainer.total_steps}; lower critic.pretrain_steps"
+        )
+    if algo.compares_group and cfg.rollout.n_samples < 2:
+        raise ConfigError(
+            f"rollout.n_samples={cfg.rollout.n_samples}: algorithm.advantage="
+            f"{cfg.algorithm.advantage} compares the samples of a prompt and needs at "
+            "least 2; set rollout.n_samples=2 or more"
+        )
+    if algo.uses_pass_k and algo.pass_k >= cfg.rollout.n_samples:
+        raise ConfigError(
+            f"algorithm.pass_k={algo.pass_k} with rollout.n_samples="
+            f"{cfg.rollout.n_samples}: pass@k needs k < n_samples (at k = n_samples every "
+            "group's pass@k is certain and every advantage 0); lower algorithm.pass_k or "
+            "raise rollout.n_samples"
+        )
+
+
+def _check_devices(cfg: TrainConfig) -> None:
+    """Transports, engine sleep and dtypes against where the pools run."""
+    transport = cfg.weight_sync.transport
+    if TRANSPORTS.trait(transport, "colocated_gpus") and not (
+        cfg.learner.num_gpus_per_rank > 0
+        and cfg.rollout.num_gpus_per_worker > 0
+        and cfg.placement.mode == "colocated"
+    ):
+        raise ConfigError(
+            f"weight_sync.transport={transport} shares GPU memory, so it needs "
+            "placement.mode=colocated with learner.num_gpus_per_rank > 0 and "
+            "rollout.num_gpus_per_worker > 0; on CPU use weight_sync.transport=collective"
+        )
+    _check_engine_sleep(cfg)
+    groups = [("learner", cfg.learner), ("critic", cfg.critic)]
+    if cfg.reference_group:
+        groups.append(("reference", cfg.reference.group(cfg.learner)))
+    for key, group in groups:
+        if cfg.model.dtype == "float16" and not BACKENDS.trait(group.backend, "float16"):
+            raise ConfigError(
+                f"{key}.backend={group.backend} with model.dtype=float16 is not supported "
+                "(fp16 needs loss scaling); use model.dtype=bfloat16 or float32"
+            )
+        if group.mixed_precision is not None and cfg.model.dtype != "float32":
+            raise ConfigError(
+                f"{key}.mixed_precision={group.mixed_precision} needs fp32 master weights, "
+                f"but model.dtype={cfg.model.dtype}; set model.dtype=float32 or "
+                f"{key}.mixed_precision=null"
+            )
+
+
+def _check_batch_feeds_groups(cfg: TrainConfig) -> None:
+    """Every size a learner group takes in the run has a mini-batch shard per rank."""
+    samples = cfg.data.batch_size * cfg.rollout.n_samples
+    groups = [("learner", cfg.learner)]
+    if cfg.algorithm.uses_critic:
+        groups.append(("critic", cfg.critic))
+    for key, group in groups:
+        for size_key, size in group_sizes(cfg, key):
+            needed = size * group.num_mini_batches
+            if samples < needed:
+                raise ConfigError(
+                    f"data.batch_size * rollout.n_samples = {samples} samples cannot feed "
+                    f"{size_key} = {size} ranks x {key}.num_mini_batches = "
+                    f"{group.num_mini_batches}: {needed} mini-batch shards; raise "
+                    f"data.batch_size, lower {key}.num_mini_batches or the ranks"
+                )
+    if cfg.critic.elastic.schedule and not cfg.algorithm.uses_critic:
+        raise ConfigError(
+            f"critic.elastic.schedule is set but algorithm.advantage={cfg.algorithm.advantage} "
+            "runs no critic; remove critic.elastic.schedule"
+        )
+
+
+def _check_engine_sleep(cfg: TrainConfig) -> None:
+    """Engines sleep only where they share devices with the learners and nothing
+    generates while the learners train."""
+    if not cfg.engines_sleep:
+        return
+    if cfg.placement.mode != "colocated":
+        raise ConfigError(
+            "placement.engine_sleep=true with placement.mode=disaggregated: the engines "
+            "have devices of their own, so sleeping frees nothing for the learners; set "
+            "placement.engine_sleep=false or placement.mode=colocated"
+        )
+    if cfg.buffer.max_staleness > 0:
+        raise ConfigError(
+            f"buffer.max_staleness={cfg.buffer.max_staleness} generates while the learners "
+            "train, so colocated engines cannot sleep then (placement.engine_sleep is on: "
+            "null turns it on where rollout workers have GPUs); set buffer.max_staleness=0, "
+            "placement.mode=disaggregated, or placement.engine_sleep=false to share the "
+            "GPUs statically (rollout.vllm.gpu_memory_utilization)"
+        )
