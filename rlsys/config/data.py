@@ -22,6 +22,9 @@ class CurriculumConfig:
     # The estimate of a bucket weighs about this many of its latest groups (older ones fade
     # geometrically), so it follows the policy as it learns.
     memory_groups: float = 16.0
+    # With buckets, a prompt seen before draws its pass rate from its own groups, with its
+    # bucket's estimate as a prior worth this many samples (null: the bucket's estimate alone).
+    prompt_prior_samples: float | None = 2.0
     # Fraction of each draw made uniformly over all prompts, so no prompt is starved by an
     # estimate that has gone stale.
     uniform_mix: float = 0.1
@@ -35,6 +38,11 @@ class CurriculumConfig:
             raise ConfigError(
                 f"data.curriculum.memory_groups={self.memory_groups} must be >= 1 (groups of "
                 "a bucket its estimate remembers)"
+            )
+        if self.prompt_prior_samples is not None and self.prompt_prior_samples <= 0:
+            raise ConfigError(
+                f"data.curriculum.prompt_prior_samples={self.prompt_prior_samples} must be > 0 "
+                "(null: prompts take their bucket's estimate alone)"
             )
         if not 0 <= self.uniform_mix <= 1:
             raise ConfigError(f"data.curriculum.uniform_mix={self.uniform_mix} must be in [0, 1]")

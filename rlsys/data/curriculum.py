@@ -15,8 +15,10 @@ Among the papers issue 26 names this is closest to VADE (a Beta posterior of eac
 pass rate, Thompson-sampled, favouring prompts whose groups have reward variance). Departures:
 the score is the probability that a group of the run's own ``n`` is mixed, rather than the
 Bernoulli variance ``p(1-p)`` (they rank prompts alike; this one is the filter's own waste);
-buckets generalise per-prompt estimates the way DUMP's distribution-level bandit does, for
-datasets seen less than once per run; evidence fades geometrically (``memory_groups``) instead
+buckets pool evidence the way DUMP's distribution-level bandit does, for datasets seen less
+than once per run, and with buckets each prompt seen before draws from its own posterior with
+its bucket's estimate as the prior (prompts of one bucket often sit at 0 or n right while the
+bucket's average does not); evidence fades geometrically (``memory_groups``) instead
 of being reset, and a ``uniform_mix`` share of every draw stays uniform.
 
 Updates are applied at step boundaries (``observe`` from the controller), so in synchronous
@@ -63,6 +65,10 @@ class CurriculumSampler:
         self._index_of_uid = {p.uid: i for i, p in enumerate(prompts)}
         self.right = np.zeros(len(self.bucket_names))  # faded counts of correct samples
         self.wrong = np.zeros(len(self.bucket_names))
+        # With buckets, each prompt's own evidence too (its bucket's estimate is the prior)
+        per_prompt = cfg.bucket_key is not None and cfg.prompt_prior_samples is not None
+        self.prompt_right = np.zeros(len(prompts)) if per_prompt else None
+        self.prompt_wrong = np.zeros(len(prompts)) if per_prompt else None
         self.draws = 0  # batches drawn: the random stream of the next one
         self._keep = 1.0 - 1.0 / cfg.memory_groups  # weight of older evidence per new group
         self._lock = threading.Lock()
@@ -73,27 +79,49 @@ class CurriculumSampler:
         with self._lock:
             rng = np.random.default_rng([self.seed, self.draws])
             self.draws += 1
-            p = rng.beta(PRIOR + self.right, PRIOR + self.wrong)  # one draw per bucket
-            informative = 1.0 - p**self.n - (1.0 - p) ** self.n
-        weight = informative[self.bucket_of]
+            p = rng.beta(PRIOR + self.right, PRIOR + self.wrong)[self.bucket_of]
+            if self.prompt_right is not None:
+                self._with_prompt_evidence(p, rng)
+        weight = 1.0 - p**self.n - (1.0 - p) ** self.n
         probs = (1.0 - self.cfg.uniform_mix) * weight / weight.sum()
         probs += self.cfg.uniform_mix / len(self.prompts)
         picked = rng.choice(len(self.prompts), size=size, replace=False, p=probs / probs.sum())
         return [self.prompts[i] for i in picked]
+
+    def _with_prompt_evidence(self, p: np.ndarray, rng: np.random.Generator) -> None:
+        """Replace, for every prompt seen before, its bucket's drawn pass rate ``p`` with a
+        draw from the prompt's own posterior, whose prior is the bucket's rate worth
+        ``prompt_prior_samples`` samples (a prompt's groups often sit at 0 or n right while its
+        bucket's average does not)."""
+        seen = np.flatnonzero(self.prompt_right + self.prompt_wrong > 0)
+        if not seen.size:
+            return
+        strength = self.cfg.prompt_prior_samples
+        bucket_rate = p[seen]
+        p[seen] = rng.beta(
+            strength * bucket_rate + self.prompt_right[seen] + 1e-3,
+            strength * (1.0 - bucket_rate) + self.prompt_wrong[seen] + 1e-3,
+        )
 
     def observe(self, groups: list[RolloutGroup]) -> None:
         """Fold scored groups into their buckets' estimates (a sample counts as right when
         the verifier says so: ``Sample.correct``). Groups of prompts outside the train split
         (none in a run) are ignored."""
         rows = sorted(  # order-free: the same groups give the same estimates
-            (int(self.bucket_of[i]), sum(s.correct for s in g.samples), len(g.samples))
+            (i, sum(s.correct for s in g.samples), len(g.samples))
             for g in groups
             if (i := self._index_of_uid.get(g.prompt.uid)) is not None
         )
         with self._lock:
-            for bucket, right, total in rows:
+            for prompt, right, total in rows:
+                bucket = self.bucket_of[prompt]
                 self.right[bucket] = self._keep * self.right[bucket] + right
                 self.wrong[bucket] = self._keep * self.wrong[bucket] + total - right
+                if self.prompt_right is not None:
+                    kept_right = self._keep * self.prompt_right[prompt]
+                    self.prompt_right[prompt] = kept_right + right
+                    kept_wrong = self._keep * self.prompt_wrong[prompt]
+                    self.prompt_wrong[prompt] = kept_wrong + total - right
 
     def metrics(self) -> dict[str, float]:
         """The spread of estimated pass rates over the prompts whose bucket has evidence."""
@@ -112,12 +140,18 @@ class CurriculumSampler:
 
     def state_dict(self) -> dict:
         with self._lock:
-            return {
+            state = {
                 "draws": self.draws,
                 "buckets": list(self.bucket_names),
                 "right": self.right.tolist(),
                 "wrong": self.wrong.tolist(),
             }
+            if self.prompt_right is not None:  # only the prompts seen: most are not, early on
+                seen = np.flatnonzero(self.prompt_right + self.prompt_wrong > 0)
+                state["prompts"] = {
+                    str(i): [self.prompt_right[i], self.prompt_wrong[i]] for i in seen.tolist()
+                }
+            return state
 
     def load_state_dict(self, state: dict) -> None:
         if "buckets" not in state:
@@ -134,6 +168,10 @@ class CurriculumSampler:
             self.draws = state["draws"]
             self.right = np.asarray(state["right"], dtype=float)
             self.wrong = np.asarray(state["wrong"], dtype=float)
+            if self.prompt_right is not None:
+                self.prompt_right[:], self.prompt_wrong[:] = 0.0, 0.0
+                for index, (right, wrong) in state.get("prompts", {}).items():
+                    self.prompt_right[int(index)], self.prompt_wrong[int(index)] = right, wrong
 
 
 def _buckets(prompts: list[Prompt], key: str | None) -> tuple[list[str], np.ndarray]:

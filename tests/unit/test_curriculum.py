@@ -163,3 +163,35 @@ def test_make_sampler_builds_what_data_sampler_names():
 )
 def test_arithmetic_levels_count_carries_and_borrows(a, op, b, expected):
     assert level(a, op, b) == expected
+
+
+def test_within_a_bucket_each_prompt_seen_before_goes_by_its_own_groups():
+    # one bucket, right half the time on average: always-right and always-wrong prompts and
+    # mixed ones; the bucket's estimate alone cannot tell them apart, the prompts' can
+    prompts = [Prompt(uid=i, text=str(i), answer="", meta={"level": "one"}) for i in range(60)]
+    right = [N] * 10 + [0] * 10 + [N // 2] * 10  # prompts 30-59 never seen
+    sampler = CurriculumSampler(
+        prompts, 8, N, CurriculumConfig(bucket_key="level", uniform_mix=0.0), seed=0
+    )
+    for _ in range(3):
+        sampler.observe([_group(p, r) for p, r in zip(prompts[:30], right, strict=True)])
+    drawn = Counter(p.uid // 10 for _ in range(40) for p in sampler.next_batch())
+    per_uniform = (drawn[0] + drawn[1]) / 20  # draws per prompt, by kind
+    assert drawn[2] / 10 > 2 * per_uniform, drawn  # the mixed ones
+    # unseen ones take the bucket's estimate (about half right: mixed groups likely)
+    assert sum(drawn[k] for k in range(3, 6)) / 30 > 2 * per_uniform, drawn
+    # the prompts' evidence survives a checkpoint
+    resumed = CurriculumSampler(
+        prompts, 8, N, CurriculumConfig(bucket_key="level", uniform_mix=0.0), seed=0
+    )
+    resumed.load_state_dict(json.loads(json.dumps(sampler.state_dict())))
+    assert [p.uid for p in resumed.next_batch()] == [p.uid for p in sampler.next_batch()]
+    # null: the bucket's estimate alone, every prompt alike
+    flat = CurriculumSampler(
+        prompts,
+        8,
+        N,
+        CurriculumConfig(bucket_key="level", uniform_mix=0.0, prompt_prior_samples=None),
+        seed=0,
+    )
+    assert flat.prompt_right is None and "prompts" not in flat.state_dict()
