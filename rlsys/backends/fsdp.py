@@ -54,7 +54,8 @@ class FSDP2Backend(TrainingBackend):
     ranks) and its AdamW optimizer. On one rank there is nothing to shard and the plain module
     trains: FSDP2's hooks and DTensor dispatch cost a small model about a quarter of its step
     for nothing. The checkpoint is the same DCP layout either way, so a run resumes at another
-    world size."""
+    world size. A GPU learner with ``learner.offload`` is sharded at any world size (FSDP2 does
+    the offloading); mixed precision on a sharded model is FSDP2's (``_shard_options``)."""
 
     name = "fsdp2"
 

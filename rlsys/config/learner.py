@@ -73,9 +73,11 @@ class LearnerConfig:
     num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
     ppo_epochs: int = 2  # passes over the batch
     micro_batch_size: int = 128  # sequences per forward/backward on one rank
-    # Forward passes under torch.autocast in this dtype ("bfloat16"): matmuls and attention in
-    # bf16, the weights, gradients and AdamW state in model.dtype (fp32 master weights). Pays
-    # where the hardware has bf16 matmul units (GPUs; CPUs with AMX). null: all in model.dtype.
+    # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
+    # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
+    # gathered and run in bf16); one fsdp2 rank and deepspeed: forward passes under
+    # torch.autocast. Pays where the hardware has bf16 matmul units (GPUs; CPUs with AMX);
+    # several times slower than fp32 on a CPU without. null: all in model.dtype.
     mixed_precision: str | None = None
     # With mixed_precision and the model sharded (fsdp2 at world_size > 1): the dtype gradients
     # are reduce-scattered in. float32 sums ranks' bf16 gradients without rounding each partial
