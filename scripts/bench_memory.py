@@ -165,6 +165,7 @@ def main() -> int:
     for name in names:
         print(f"[{name}] running", file=sys.stderr, flush=True)
         records.append(_run_setting(name, args, args.overrides))
+        print(f"[{name}] {json.dumps(records[-1])}", file=sys.stderr, flush=True)
     load = os.getloadavg()[0]
     summary = {
         "model": "smollm2-135m",

@@ -76,6 +76,8 @@ class FSDP2Backend(TrainingBackend):
             for layer in decoder_layers(model):
                 fully_shard(layer, mesh=mesh, **options)
             fully_shard(model, mesh=mesh, **options)
+            if "mp_policy" in options:  # bf16 parameters: autocast would only re-cast
+                self.autocast_dtype = None
         if offload:
             _buffers_to(model, self.device)
         self.model = self.module = model
@@ -85,16 +87,14 @@ class FSDP2Backend(TrainingBackend):
         """``fully_shard``'s policies. With mixed precision FSDP2 casts the parameters itself:
         it all-gathers them in bf16 (half the traffic and the unsharded memory of fp32), the
         layers compute in bf16, gradients reduce-scatter in ``reduce_dtype`` into the fp32
-        shards, and AdamW steps those fp32 master weights. Autocast then stops: with bf16
-        parameters it would only re-cast. Log-probabilities stay fp32: the bf16 logits are cast
-        up before the log-sum-exp (rlsys/models/logprobs.py)."""
+        shards, and AdamW steps those fp32 master weights. Log-probabilities stay fp32: the
+        bf16 logits are cast up before the log-sum-exp (rlsys/models/logprobs.py)."""
         options: dict = {}
         if self.mixed_precision is not None:
             options["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=getattr(torch, self.mixed_precision),
                 reduce_dtype=getattr(torch, self.memory.reduce_dtype),
             )
-            self.autocast_dtype = None
         if offload:
             options["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         return options
