@@ -1,7 +1,7 @@
 """Peak memory and seconds per learner step of SmolLM2-135M, memory settings off and on.
 
-    python scripts/bench_memory.py [--steps 3] [--warmup 1] [--rows 16] [--prompt 64]
-                                   [--response 64] [--world-size 1] [--settings off,ckpt,...]
+    python scripts/bench_memory.py [--steps 2] [--warmup 1] [--rows 8] [--prompt 32]
+                                   [--response 32] [--world-size 1] [--settings off,ckpt,...]
                                    [--json] [key=value ...]
 
 Each setting runs in a fresh process (so its peak resident memory is its own): the learner
@@ -14,7 +14,9 @@ measured steps' seconds and the peak RSS of the process (the largest rank's with
 ``--world-size 2``): VmHWM, which is ``ru_maxrss``, so model loading, the fp32 weights,
 gradients, AdamW state and the step's activations all count; the RSS right after the backend
 is built is reported too. ``--json`` prints one JSON object instead of the table. Extra
-``key=value`` overrides go to every setting (e.g. ``learner.compile=true``).
+``key=value`` overrides go to every setting (e.g. ``learner.compile=true``). Figures measured
+with it are in docs/learners.md (Memory); on a CPU without bf16 instructions the bf16 settings
+take minutes a step.
 """
 
 from __future__ import annotations
@@ -144,11 +146,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--rows", type=int, default=16, help="sequences per step (one micro-batch)")
-    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens per sequence")
-    parser.add_argument("--response", type=int, default=64, help="response tokens per sequence")
+    parser.add_argument("--rows", type=int, default=8, help="sequences per step (one micro-batch)")
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens per sequence")
+    parser.add_argument("--response", type=int, default=32, help="response tokens per sequence")
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--json", action="store_true", help="print one JSON object")
