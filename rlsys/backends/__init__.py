@@ -27,16 +27,22 @@ BACKENDS: Registry[Builder] = Registry("training backend", "learner.backend")
 
 @BACKENDS.register("fsdp2", float16=True)  # deepspeed: no fp16 loss scaling here
 def _fsdp2(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBackend:
+    from rlsys.backends.base import MemorySettings
     from rlsys.backends.fsdp import FSDP2Backend
 
-    return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile, **kwargs)
+    memory = MemorySettings.of(cfg)
+    return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile, memory=memory, **kwargs)
 
 
 @BACKENDS.register("deepspeed")
 def _deepspeed(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBackend:
+    from rlsys.backends.base import MemorySettings
     from rlsys.backends.deepspeed import DeepSpeedBackend
 
-    return DeepSpeedBackend(*common, cfg.mixed_precision, cfg.compile, zero=cfg.deepspeed, **kwargs)
+    memory = MemorySettings.of(cfg)
+    return DeepSpeedBackend(
+        *common, cfg.mixed_precision, cfg.compile, memory=memory, zero=cfg.deepspeed, **kwargs
+    )
 
 
 def build_backend(

@@ -29,7 +29,7 @@ from rlsys.backends import checkpoint as ckpt
 from rlsys.backends.data_parallel import forward_plan, train_plan
 from rlsys.backends.schedule import lr_at
 from rlsys.checkpoint import fsync_tree
-from rlsys.config.learner import OptimConfig
+from rlsys.config.learner import LearnerConfig, OptimConfig
 from rlsys.config.schema import LoraConfig
 from rlsys.models import blocks, lora
 from rlsys.models.attention import use_fp32_attention
@@ -52,6 +52,19 @@ _TENSOR_FIELDS = (
 )
 ROLES = ("policy", "value", "reward")
 SCORE_HEADS = ("score.",)  # a sequence-classification model's head: trained in full under LoRA
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySettings:
+    """What a learner trades for memory: the ``learner.`` keys of the same names."""
+
+    activation_checkpointing: bool = False  # recompute decoder layers in backward
+    offload: bool = False  # parameters, gradients and optimizer state in host memory
+    reduce_dtype: str = "float32"  # gradient reduction dtype under sharded mixed precision
+
+    @classmethod
+    def of(cls, cfg: LearnerConfig) -> MemorySettings:
+        return cls(cfg.activation_checkpointing, cfg.offload, cfg.reduce_dtype)
 
 
 def _stay_fused(optimizer: torch.optim.Optimizer) -> None:
@@ -89,6 +102,7 @@ class TrainingBackend(ABC):
         compile_layers: bool = False,
         trainable: bool = True,
         lora: LoraConfig | None = None,
+        memory: MemorySettings | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
@@ -100,7 +114,11 @@ class TrainingBackend(ABC):
         self.temperature = temperature
         self.device = device
         self.mixed_precision = mixed_precision
+        # the dtype forward passes autocast to; None where the backend casts the parameters
+        # themselves (FSDP2's MixedPrecisionPolicy) or there is no mixed precision
+        self.autocast_dtype = mixed_precision
         self.compile_layers = compile_layers
+        self.memory = memory or MemorySettings()
         self.trainable = trainable  # False: forward passes only (a reference), no optimizer
         # LoRA: only adapters train, travel and are checkpointed (the policy, a reward model)
         self.lora = lora if lora is not None and lora.enabled and trainable else None
@@ -116,8 +134,9 @@ class TrainingBackend(ABC):
     def _load_module(self, for_training: bool = True) -> torch.nn.Module:
         """The role's model from ``model_path`` in ``dtype``, on the CPU; for training, with
         LoRA adapters when ``lora`` (everything else frozen but a reward model's score head),
-        attention in fp32 when a CPU learner computes in bf16 (see rlsys/models/attention.py)
-        and its decoder layers compiled when ``compile_layers`` (rlsys/models/blocks.py)."""
+        attention in fp32 when a CPU learner computes in bf16 (see rlsys/models/attention.py),
+        its decoder layers recomputed in backward when ``memory.activation_checkpointing`` and
+        compiled when ``compile_layers`` (rlsys/models/blocks.py)."""
         loader = {"policy": load_model, "value": load_value_model, "reward": load_score_model}
         if self.role == "reward" and not self.trainable:  # scoring: its head must be trained
             loader["reward"] = lambda path, dtype: load_reward_model(path, dtype)[1]
@@ -130,6 +149,8 @@ class TrainingBackend(ABC):
             )
         if self.mixed_precision is not None and self.device.type == "cpu":
             use_fp32_attention(module)
+        if self.memory.activation_checkpointing and self.trainable:
+            blocks.checkpoint_layers(module)  # before compiling: the checkpoint is traced
         if self.compile_layers:
             blocks.compile_layers(module, self.device)
         return module
@@ -224,9 +245,9 @@ class TrainingBackend(ABC):
         """Where forward passes run: under ``torch.autocast`` in ``mixed_precision`` (matmuls
         and attention in bf16, reductions in fp32; the weights, their gradients and the
         optimizer state stay in ``dtype``), or as they are when it is None."""
-        if self.mixed_precision is None:
+        if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        autocast = torch.autocast(self.device.type, dtype=getattr(torch, self.mixed_precision))
+        autocast = torch.autocast(self.device.type, dtype=getattr(torch, self.autocast_dtype))
         if self.lora is None:
             return autocast
         # PEFT casts each adapter's bf16 input up to its fp32 weights, which autocast then

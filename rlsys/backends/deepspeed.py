@@ -1,4 +1,4 @@
-"""DeepSpeed training backend: ZeRO-2 or ZeRO-3, optional CPU optimizer offload.
+"""DeepSpeed training backend: ZeRO-2 or ZeRO-3, optional CPU offload (``learner.offload``).
 
 The batch loop, loss weighting, schedule and forward passes live in ``TrainingBackend``;
 this module builds the engine on the process group the learner already started and owns
@@ -86,20 +86,34 @@ class DeepSpeedBackend(TrainingBackend):
         self.module = self.engine.module
 
     def _optimizer(self, module: torch.nn.Module) -> torch.optim.Optimizer:
-        if self.zero.offload_optimizer:
+        if self.memory.offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             return DeepSpeedCPUAdam(self._trained(module), adamw_mode=True, **self._adam_settings())
         return self._adamw(self._trained(module))
 
     def _ds_config(self) -> dict[str, Any]:
-        """The engine's config; the learning rate is ours (set before every step)."""
+        """The engine's config; the learning rate is ours (set before every step).
+
+        ``learner.mixed_precision`` stays autocast around an fp32 engine here rather than
+        DeepSpeed's ``bf16`` mode (which ``model.dtype=bfloat16`` selects): that mode casts the
+        module to bf16 and builds its fp32 master weights from the bf16 copy, so the starting
+        weights would be rounded, and weight sync and save_hf would send bf16 values.
+        ``learner.reduce_dtype`` is its ``communication_data_type``; ``learner.offload`` its
+        optimizer offload, and on ZeRO-3 its parameter offload too."""
         zero: dict[str, Any] = {"stage": self.zero.zero_stage}
         if self.zero.zero_stage == 3:
             zero["stage3_param_persistence_threshold"] = self.zero.param_persistence_threshold
-        if self.zero.offload_optimizer:
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": self.device.type == "cuda"}
+        if self.memory.offload:
+            host = {"device": "cpu", "pin_memory": self.device.type == "cuda"}
+            zero["offload_optimizer"] = host
+            if self.zero.zero_stage == 3:
+                zero["offload_param"] = host
+        extra: dict[str, Any] = {}
+        if self.mixed_precision is not None and self.memory.reduce_dtype == "bfloat16":
+            extra["communication_data_type"] = "bf16"
         return {
+            **extra,
             "train_micro_batch_size_per_gpu": self.micro,
             "gradient_accumulation_steps": 1,  # the boundary is ours: see _backward
             "train_batch_size": self.micro * self.world_size,

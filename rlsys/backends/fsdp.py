@@ -1,4 +1,5 @@
-"""FSDP2 training backend: ``fully_shard`` per decoder layer, AdamW, DCP checkpoints.
+"""FSDP2 training backend: ``fully_shard`` per decoder layer, AdamW, DCP checkpoints; mixed
+precision as FSDP2's ``MixedPrecisionPolicy`` and host offload as its ``CPUOffloadPolicy``.
 
 The batch loop, loss weighting, schedule and forward passes live in ``TrainingBackend``;
 this module wraps the model and owns backward, the clipped step, gathering and the sharded
@@ -7,6 +8,7 @@ checkpoint (torch.distributed.checkpoint, which reshards to any world size on lo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlsys.backends.base import TrainingBackend
@@ -32,9 +34,19 @@ from rlsys.backends.checkpoint import (
 )
 from rlsys.models.blocks import decoder_layers
 
+log = logging.getLogger(__name__)
+
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _buffers_to(model: torch.nn.Module, device: torch.device) -> None:
+    """Move ``model``'s buffers (rotary frequencies) to ``device``, leaving its parameters
+    where FSDP2's offload policy put them (host memory)."""
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            module._buffers[name] = buffer.to(device)
 
 
 class FSDP2Backend(TrainingBackend):
@@ -42,22 +54,50 @@ class FSDP2Backend(TrainingBackend):
     ranks) and its AdamW optimizer. On one rank there is nothing to shard and the plain module
     trains: FSDP2's hooks and DTensor dispatch cost a small model about a quarter of its step
     for nothing. The checkpoint is the same DCP layout either way, so a run resumes at another
-    world size."""
+    world size. A GPU learner with ``learner.offload`` is sharded at any world size (FSDP2 does
+    the offloading); mixed precision on a sharded model is FSDP2's (``_shard_options``)."""
 
     name = "fsdp2"
 
     def __init__(self, *args, **kwargs) -> None:  # TrainingBackend's arguments
         super().__init__(*args, **kwargs)
-        model = self._load_module().to(self.device)
+        # Offloading needs FSDP2 even on one GPU; on a CPU learner there is nothing to move
+        offload = self.memory.offload and self.device.type == "cuda"
+        if self.memory.offload and not offload:
+            log.info("learner.offload=true on a CPU learner: everything is in host memory already")
+        model = self._load_module()
+        if not offload:  # offloaded, the parameters stay on the host: only buffers move
+            model.to(self.device)
         if not self.trainable:
             model.requires_grad_(False)
-        if self.world_size > 1:
+        if self.world_size > 1 or offload:
             mesh = init_device_mesh(self.device.type, (self.world_size,))
+            options = self._shard_options(offload)
             for layer in decoder_layers(model):
-                fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                fully_shard(layer, mesh=mesh, **options)
+            fully_shard(model, mesh=mesh, **options)
+            if "mp_policy" in options:  # bf16 parameters: autocast would only re-cast
+                self.autocast_dtype = None
+        if offload:
+            _buffers_to(model, self.device)
         self.model = self.module = model
         self.optimizer = self._adamw(self._trained(model)) if self.trainable else None
+
+    def _shard_options(self, offload: bool) -> dict:
+        """``fully_shard``'s policies. With mixed precision FSDP2 casts the parameters itself:
+        it all-gathers them in bf16 (half the traffic and the unsharded memory of fp32), the
+        layers compute in bf16, gradients reduce-scatter in ``reduce_dtype`` into the fp32
+        shards, and AdamW steps those fp32 master weights. Log-probabilities stay fp32: the
+        bf16 logits are cast up before the log-sum-exp (rlsys/models/logprobs.py)."""
+        options: dict = {}
+        if self.mixed_precision is not None:
+            options["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=getattr(torch, self.mixed_precision),
+                reduce_dtype=getattr(torch, self.memory.reduce_dtype),
+            )
+        if offload:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+        return options
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -39,6 +39,7 @@ class OptimConfig:
 
 
 MIXED_PRECISION = ("bfloat16",)  # float16 would need loss scaling
+REDUCE_DTYPES = ("float32", "bfloat16")
 ZERO_STAGES = (2, 3)
 
 
@@ -49,9 +50,6 @@ class DeepSpeedConfig:
     # 2: gradients and optimizer state sharded over ranks, parameters whole on each rank;
     # 3: parameters sharded too (gathered layer by layer in forward/backward)
     zero_stage: int = 2
-    # keep optimizer state on the CPU and step it there with DeepSpeedCPUAdam (JIT-compiles
-    # once, ~40 s, cached in ~/.cache/torch_extensions); frees accelerator memory
-    offload_optimizer: bool = False
     # ZeRO-3: parameters with fewer elements stay whole on every rank (no gather); 0 shards all
     param_persistence_threshold: int = 100_000
 
@@ -76,10 +74,27 @@ class LearnerConfig:
     num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
     ppo_epochs: int = 2  # passes over the batch
     micro_batch_size: int = 128  # sequences per forward/backward on one rank
-    # Forward passes under torch.autocast in this dtype ("bfloat16"): matmuls and attention in
-    # bf16, the weights, gradients and AdamW state in model.dtype (fp32 master weights). Pays
-    # where the hardware has bf16 matmul units (GPUs; CPUs with AMX). null: all in model.dtype.
+    # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
+    # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
+    # gathered and run in bf16); one fsdp2 rank and deepspeed: forward passes under
+    # torch.autocast. Pays where the hardware has bf16 matmul units (GPUs; CPUs with AMX);
+    # several times slower than fp32 on a CPU without. null: all in model.dtype.
     mixed_precision: str | None = None
+    # With mixed_precision and the model sharded (fsdp2 at world_size > 1): the dtype gradients
+    # are reduce-scattered in. float32 sums ranks' bf16 gradients without rounding each partial
+    # sum; bfloat16 halves the traffic. deepspeed: its communication_data_type.
+    reduce_dtype: str = "float32"
+    # Recompute each decoder layer's activations in backward instead of keeping them
+    # (torch.utils.checkpoint, non-reentrant, around every layer): only the layers' inputs
+    # stay alive between forward and backward, for about one more forward pass of compute.
+    activation_checkpointing: bool = False
+    # Hold parameters, gradients and optimizer state in host memory and step AdamW there,
+    # moving each layer's parameters to the GPU for its forward/backward: fsdp2's
+    # CPUOffloadPolicy; deepspeed: ZeRO offload_optimizer (ZeRO-3: and offload_param), the
+    # optimizer stepped by DeepSpeedCPUAdam (JIT-compiles once, ~40 s). A CPU learner holds
+    # everything in host memory already: fsdp2 ignores it there, deepspeed still runs its
+    # offload code (DeepSpeedCPUAdam), which is how CPU tests cover it.
+    offload: bool = False
     # torch.compile each decoder layer (inductor; rlsys/models/blocks.py): fuses the layers'
     # element-wise work, 8-25% off a CPU learner's step (bench figures in docs/learners.md).
     # The first step pays the compile (6-25 s on 2 CPU cores; cached for later runs). Needs a
@@ -104,6 +119,13 @@ class LearnerConfig:
         positive(f"{prefix}.micro_batch_size", self.micro_batch_size)
         if self.mixed_precision is not None:
             one_of(f"{prefix}.mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        one_of(f"{prefix}.reduce_dtype", self.reduce_dtype, REDUCE_DTYPES)
+        if self.reduce_dtype != "float32" and self.mixed_precision is None:
+            raise ConfigError(
+                f"{prefix}.reduce_dtype={self.reduce_dtype} only applies with mixed precision "
+                f"(gradients are fp32 otherwise): set {prefix}.mixed_precision=bfloat16 or "
+                f"{prefix}.reduce_dtype=float32"
+            )
         self.optim.check(f"{prefix}.optim")
         self.deepspeed.check(f"{prefix}.deepspeed")
         self.elastic.check(prefix, self.backend, self.world_size)

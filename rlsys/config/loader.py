@@ -60,10 +60,22 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
         known = _all_keys(OmegaConf.structured(TrainConfig))
         close = difflib.get_close_matches(str(full_key), known, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else "; see `rlsys train --cfg job`"
+        moved = _moved_key(str(full_key))
+        if moved:
+            hint = f"; it moved to '{moved}' (same meaning for both backends)"
         return f"unknown config key '{full_key}'{where}{hint}"
     if full_key:
         return f"bad value for config key '{full_key}'{where}: {message}"
     return f"{message}{where} (overrides: {' '.join(overrides) or 'none'})"
+
+
+# Keys that were renamed: old suffix -> new suffix, under learner. or critic.
+MOVED_KEYS = {"deepspeed.offload_optimizer": "offload"}
+
+
+def _moved_key(key: str) -> str | None:
+    group, _, rest = key.partition(".")
+    return f"{group}.{MOVED_KEYS[rest]}" if rest in MOVED_KEYS else None
 
 
 def _check_overrides(overrides: list[str], root: Path) -> None:

@@ -323,7 +323,7 @@ class ReferenceConfig:
     def group(self, learner: LearnerConfig) -> LearnerConfig:
         """The learner-group config the reference ranks are built from: the learner's micro
         batch, with this world size and backend, the model's dtype throughout (no mixed
-        precision, no compiled layers) and ZeRO-3 for DeepSpeed."""
+        precision, no compiled layers, no offload) and ZeRO-3 for DeepSpeed."""
         return dataclasses.replace(
             learner,
             backend=self.backend or learner.backend,
@@ -331,8 +331,11 @@ class ReferenceConfig:
             num_cpus_per_rank=self.num_cpus,
             num_gpus_per_rank=self.num_gpus,
             mixed_precision=None,
+            reduce_dtype="float32",
             compile=False,
-            deepspeed=dataclasses.replace(learner.deepspeed, zero_stage=3, offload_optimizer=False),
+            activation_checkpointing=False,
+            offload=False,
+            deepspeed=dataclasses.replace(learner.deepspeed, zero_stage=3),
             elastic=GroupElasticConfig(),  # the reference keeps its size
         )
 

@@ -75,7 +75,7 @@ class LearnerWorker:
         if device.type == "cuda":
             torch.cuda.set_device(0)  # Ray exposes this actor's GPU as device 0
         dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
+            _process_group_backend(device, cfg),
             init_method=f"tcp://{addr}:{port}",
             rank=self.rank,
             world_size=self.world_size,
@@ -305,3 +305,12 @@ class LearnerGroup:
             ray.get([w.shutdown.remote() for w in self.workers], timeout=timeout_s)
         for w in self.workers:
             ray.kill(w)
+
+
+def _process_group_backend(device, cfg: LearnerConfig) -> str:
+    """gloo on CPU, NCCL on GPU; FSDP2 with CPU offload on a GPU also needs gloo for CPU
+    tensors: its sharded parameters and gradients live on the host, and gradient-norm
+    clipping and full-weight gathering run collectives on them (NCCL has no CPU backend)."""
+    if device.type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cfg.offload and cfg.backend == "fsdp2" else "nccl"

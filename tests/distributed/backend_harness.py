@@ -81,12 +81,12 @@ def learner_config(kind: str, **optim) -> LearnerConfig:
     zero2_offload / zero3_offload; micro-batches of 2 rows."""
     ds = DeepSpeedConfig(
         zero_stage=3 if kind.startswith("zero3") else 2,
-        offload_optimizer=kind.endswith("offload"),
         param_persistence_threshold=0,
     )
     return LearnerConfig(
         backend="fsdp2" if kind == "fsdp2" else "deepspeed",
         micro_batch_size=2,
+        offload=kind.endswith("offload"),
         optim=OptimConfig(**{"lr": 1e-3, "warmup_steps": 0, **optim}),
         deepspeed=ds,
     )

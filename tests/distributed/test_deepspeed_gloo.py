@@ -168,7 +168,7 @@ def test_backend_config_keys_validate_with_the_key_and_the_fix():
 
     cfg = load_config(["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"])
     assert (cfg.learner.backend, cfg.learner.deepspeed.zero_stage) == ("deepspeed", 3)
-    assert not cfg.learner.deepspeed.offload_optimizer and cfg.critic.backend == "fsdp2"
+    assert not cfg.learner.offload and cfg.critic.backend == "fsdp2"
     for override, key in [
         ("learner.deepspeed.zero_stage=1", "learner.deepspeed.zero_stage"),
         ("critic.backend=megatron", "critic.backend"),

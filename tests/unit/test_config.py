@@ -125,6 +125,10 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("learner.backend=deepspeed model.dtype=float16", "model.dtype=bfloat16"),
         ("learner.mixed_precision=float16", "learner.mixed_precision"),
         ("learner.mixed_precision=bfloat16 model.dtype=bfloat16", "model.dtype=float32"),
+        ("learner.reduce_dtype=float16", "learner.reduce_dtype"),
+        ("learner.reduce_dtype=bfloat16", "learner.mixed_precision=bfloat16"),
+        ("learner.deepspeed.offload_optimizer=true", "it moved to 'learner.offload'"),
+        ("critic.deepspeed.offload_optimizer=true", "it moved to 'critic.offload'"),
         (
             "learner.compile=true learner.backend=deepspeed learner.deepspeed.zero_stage=3",
             "learner.compile=true does not work",
@@ -157,6 +161,25 @@ def test_engines_sleep_by_default_only_where_they_hold_gpu_memory():
     assert not load_config(
         ["rollout.num_gpus_per_worker=1", "placement.engine_sleep=false"]
     ).engines_sleep
+
+
+def test_memory_keys_reach_the_learner_backend_and_not_the_reference():
+    """learner.activation_checkpointing / offload / reduce_dtype become the backend's
+    MemorySettings; the reference group (no backward, no optimizer) takes none of them."""
+    from rlsys.backends.base import MemorySettings
+
+    cfg = load_config(
+        [
+            "learner.activation_checkpointing=true",
+            "learner.offload=true",
+            "learner.mixed_precision=bfloat16",
+            "learner.reduce_dtype=bfloat16",
+        ]
+    )
+    assert MemorySettings.of(cfg.learner) == MemorySettings(True, True, "bfloat16")
+    reference = cfg.reference.group(cfg.learner)
+    assert MemorySettings.of(reference) == MemorySettings()
+    assert reference.mixed_precision is None
 
 
 def test_batch_must_feed_every_rank_and_mini_batch():
