@@ -52,7 +52,7 @@ class RolloutWorker:
             ENGINES.get(cfg.engine), model_path, dtype, cfg, self.device
         )
         self.transport: WeightTransport | None = None
-        self.sleeps = self.wakes = 0  # calls served (colocated runs: one each per step)
+        self.wakes = 0  # wake calls served (colocated runs: one per step)
         self.merge_adapters = None
         if lora_scale is not None:
             from rlsys.models.lora import AdapterMerger
@@ -107,9 +107,8 @@ class RolloutWorker:
         before = resident_bytes()
         freed = self._on_engine_thread(self.engine.sleep)
         after = resident_bytes()
-        self.sleeps += 1
         rss_drop = None if before is None or after is None else before - after
-        return {"freed_bytes": float(freed), "rss_drop_bytes": rss_drop, "sleeps": self.sleeps}
+        return {"freed_bytes": float(freed), "rss_drop_bytes": rss_drop}
 
     def wake(self) -> int:
         """Wake the engine; returns how many times this worker has woken."""

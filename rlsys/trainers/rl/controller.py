@@ -240,7 +240,9 @@ class Controller:
                 self.cfg.data.batch_size,
                 self.cfg.algorithm.max_sampling_rounds,
             )
-        metrics = self._rollout_metrics()
+        groups, penalties, reference_s = self.state.pipeline.scoring.drain_window()
+        self.state.sampler.observe(groups)  # at the step boundary: see rlsys.data.curriculum
+        metrics = self._rollout_metrics(groups, penalties, reference_s)
         metrics.update(
             batch_metrics(
                 kept, self.state.buffer, self.state.version, self.cfg.buffer.max_staleness
@@ -501,10 +503,12 @@ class Controller:
         self.tracker.log(step, metrics)
         return metrics["eval/accuracy"]
 
-    def _rollout_metrics(self) -> dict[str, float]:
-        """What the pipeline did since the previous step: groups scored (kept or not),
+    def _rollout_metrics(
+        self, groups: list[RolloutGroup], penalties: list[float], reference_s: float
+    ) -> dict[str, float]:
+        """What the pipeline did since the previous step (the scoring loop's window: the
+        groups scored, kept or not, their overlong penalties, the reference's seconds),
         prompts drawn, groups filtered, busy and idle time."""
-        groups, penalties, reference_s = self.state.pipeline.scoring.drain_window()
         samples = [s for g in groups for s in g.samples]
         tokens = sum(len(s.completion.token_ids) for s in samples)
         self.state.totals.samples += len(samples)
@@ -514,7 +518,6 @@ class Controller:
             self.state.pipeline.prompts_drawn,
             self.state.buffer.stats.dropped_filtered,
         )
-        self.state.sampler.observe(groups)  # at the step boundary: see rlsys.data.curriculum
         out = {
             "pool/rollout_workers": len(self.state.pipeline.rollouts),
             "pool/learner_ranks": len(self.pools.learner.workers),
