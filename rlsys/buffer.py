@@ -13,8 +13,10 @@ batch``, and in synchronous mode the next batch is issued only once the learner'
 are in the engines. Dropped groups free their slot (filtered ones only up to
 ``draw_rounds`` prompts per batch slot, DAPO's ``max_sampling_rounds``).
 
-Everything is counted in samples for the run's accounting: issued = trained + dropped, per
-reason (see ``DROP_REASONS``). All methods are thread-safe.
+Everything is counted in samples for the run's accounting: issued + replayed = trained +
+dropped, per reason (see ``DROP_REASONS``; replayed samples are successes of earlier groups
+that the replay store put into all-wrong ones, each displacing a generated sample, which is
+dropped as ``replaced``). All methods are thread-safe.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ GroupFilter = Callable[[RolloutGroup], bool]
 #   failed           its generation or scoring raised
 #   prompt_too_long  the prompt exceeded task.max_prompt_tokens (never generated)
 #   unused           generated or in flight when the run ended
-DROP_REASONS = ("stale", "filtered", "failed", "prompt_too_long", "unused")
+#   replaced         its all-wrong group took a replayed success in its place (buffer.replay)
+DROP_REASONS = ("stale", "filtered", "failed", "prompt_too_long", "unused", "replaced")
 
 
 def has_reward_variance(group: RolloutGroup) -> bool:
@@ -50,6 +53,7 @@ class BufferStats:
     issued: int = 0  # samples of every reserved group
     admitted: int = 0  # entered the queue
     released: int = 0  # handed to the learner
+    replayed: int = 0  # admitted from the replay store, not generated for their group
     dropped: Counter = field(default_factory=Counter)  # reason -> samples
 
     @property
@@ -161,11 +165,14 @@ class StreamingBuffer:
             return False
 
     def push(self, group: RolloutGroup) -> None:
-        """Queue a screened group for the learner."""
+        """Queue a screened group for the learner (its replayed samples counted as such)."""
+        replayed = sum(s.replayed for s in group.samples)
         with self._cond:
             self._in_flight -= 1
             self._groups.append(group)
             self.stats.admitted += len(group.samples)
+            self.stats.replayed += replayed
+            self.stats.dropped["replaced"] += replayed
             self._cond.notify_all()
 
     def put(self, group: RolloutGroup) -> bool:
@@ -252,6 +259,7 @@ class StreamingBuffer:
                     "issued": self.stats.issued,
                     "admitted": self.stats.admitted,
                     "released": self.stats.released,
+                    "replayed": self.stats.replayed,
                     "dropped": dict(self.stats.dropped),
                 },
                 "version": self._version,
@@ -265,7 +273,11 @@ class StreamingBuffer:
         with self._cond:
             stats = state["stats"]
             self.stats = BufferStats(
-                stats["issued"], stats["admitted"], stats["released"], Counter(stats["dropped"])
+                stats["issued"],
+                stats["admitted"],
+                stats["released"],
+                stats.get("replayed", 0),  # absent from checkpoints before buffer.replay
+                Counter(stats["dropped"]),
             )
             self._version, self._steps = state["version"], state["steps"]
             self._issued, self._dropped = state["issued"], Counter(state["dropped"])
@@ -296,17 +308,19 @@ class StreamingBuffer:
             return self._in_flight
 
     def accounting(self) -> dict:
-        """Samples issued, trained and dropped per reason, and whether they balance (every
-        issued sample trained or dropped, none in flight or queued)."""
+        """Samples issued, replayed, trained and dropped per reason, and whether they balance
+        (every issued or replayed sample trained or dropped, none in flight or queued)."""
         with self._cond:
             dropped = {reason: self.stats.dropped[reason] for reason in DROP_REASONS}
             return {
                 "samples_issued": self.stats.issued,
                 "samples_trained": self.stats.released,
+                "samples_replayed": self.stats.replayed,
                 "samples_dropped": dropped,
                 "samples_in_flight": self._in_flight * self.group_size,
                 "samples_queued": sum(len(g.samples) for g in self._groups),
-                "balanced": self.stats.issued == self.stats.released + sum(dropped.values())
+                "balanced": self.stats.issued + self.stats.replayed
+                == self.stats.released + sum(dropped.values())
                 and self._in_flight == 0
                 and not self._groups,
             }

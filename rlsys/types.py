@@ -102,6 +102,8 @@ class Sample:
     correct: bool = False  # what the verifier says, independent of reward shaping
     ref_logprobs: np.ndarray | None = None  # (R,) reference policy, when a KL term needs it
     reward_components: dict[str, float] = field(default_factory=dict)  # name -> unweighted
+    # a success of an earlier group put into this one by the replay store (rlsys.replay)
+    replayed: bool = False
 
 
 @dataclass
@@ -114,8 +116,9 @@ class RolloutGroup:
 
     @property
     def version(self) -> int:
-        """The oldest policy version among the samples."""
-        return min(s.completion.version for s in self.samples)
+        """The oldest policy version among the samples generated for this group (replayed
+        ones, older by design, are bounded by ``buffer.replay.max_age`` instead)."""
+        return min(s.completion.version for s in self.samples if not s.replayed)
 
 
 @dataclass

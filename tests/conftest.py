@@ -23,10 +23,19 @@ def huge_digit_fraction(prompt: str, completion: str, metadata: dict) -> float:
     return 1e38 * digit_fraction(prompt, completion, metadata)
 
 
+def digit_lead(prompt: str, completion: str, metadata: dict) -> dict:
+    """``digit_fraction``, judged correct when the reply starts with a digit: a verdict a
+    random model reaches in some samples of some groups (for the replay store)."""
+    return {
+        "reward": digit_fraction(prompt, completion, metadata),
+        "correct": completion[:1].isdigit(),
+    }
+
+
 def _register_test_rewards() -> None:
     from rlsys.rewards import REWARDS
 
-    for fn in (digit_fraction, huge_digit_fraction):
+    for fn in (digit_fraction, huge_digit_fraction, digit_lead):
         if fn.__name__ not in REWARDS.names():
             REWARDS.register(fn.__name__)(fn)
 

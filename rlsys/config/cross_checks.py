@@ -20,6 +20,7 @@ def check_train_config(cfg: TrainConfig) -> None:
     _check_algorithm_fit(cfg)
     _check_devices(cfg)
     _check_batch_feeds_groups(cfg)
+    _check_replay(cfg)
 
 
 def _check_eval_sizes(cfg: TrainConfig) -> None:
@@ -156,4 +157,24 @@ def _check_engine_sleep(cfg: TrainConfig) -> None:
             "null turns it on where rollout workers have GPUs); set buffer.max_staleness=0, "
             "placement.mode=disaggregated, or placement.engine_sleep=false to share the "
             "GPUs statically (rollout.vllm.gpu_memory_utilization)"
+        )
+
+
+def _check_replay(cfg: TrainConfig) -> None:
+    """Replayed samples come from older policies and take a group's place: they need the
+    off-policy correction, and a group must keep generated samples."""
+    replay = cfg.buffer.replay
+    if not replay.enabled:
+        return
+    if cfg.algorithm.off_policy == "none":
+        raise ConfigError(
+            "buffer.replay.enabled=true trains on samples drawn by policies up to "
+            f"buffer.replay.max_age={replay.max_age} versions old, but algorithm.off_policy="
+            "none weighs them as on-policy; set algorithm.off_policy=tis (or decoupled)"
+        )
+    if replay.per_group >= cfg.rollout.n_samples:
+        raise ConfigError(
+            f"buffer.replay.per_group={replay.per_group} must be below rollout.n_samples="
+            f"{cfg.rollout.n_samples} (a group keeps at least one sample of its own); lower "
+            "buffer.replay.per_group"
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from rlsys.backends import BACKENDS
 from rlsys.config.algorithm import AlgorithmConfig
+from rlsys.config.buffer import BufferConfig
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.cross_checks import check_train_config
 from rlsys.config.data import DataConfig
@@ -340,26 +341,6 @@ class ReferenceConfig:
         )
 
 
-MAX_STALENESS = 16  # beyond this, samples are too off-policy for any correction here
-
-
-@dataclass
-class BufferConfig:
-    """The streaming buffer between scoring and the learner."""
-
-    # Policy versions a sample may lag the learner: 0 is synchronous on-policy training, 1
-    # one-step-off (generation of the next batch overlaps training), more is fully async.
-    # Generation runs ahead by at most (max_staleness + 1) x data.batch_size groups.
-    max_staleness: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.max_staleness <= MAX_STALENESS:
-            raise ConfigError(
-                f"buffer.max_staleness={self.max_staleness} must be in [0, {MAX_STALENESS}] "
-                "(0: synchronous, 1: one-step-off, 2+: fully asynchronous)"
-            )
-
-
 @dataclass
 class WeightSyncConfig:
     """How new weights travel from the learner to the rollout engines."""
@@ -439,6 +420,9 @@ class EvalConfig:
 
     num_prompts: int = 500  # taken from the start of the task's eval split
     max_new_tokens: int | None = None  # null: as in training
+    # A prompt metadata key (e.g. "level" of the arithmetic task): each evaluation also logs
+    # eval/accuracy_<value> over the held-out prompts of each value. null: overall only.
+    group_by: str | None = None
 
     def __post_init__(self) -> None:
         positive("eval.num_prompts", self.num_prompts)

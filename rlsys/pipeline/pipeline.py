@@ -82,7 +82,9 @@ class Pipeline:
             scoring.pad_id,
             lambda: len(self._every_rollout),
             self.fail,
+            scoring.replay,
         )
+        self.replay = scoring.replay
         self._started = False
         self._mark = (time.perf_counter(), self._busy())
         self._worker_mark: dict[int, float] = {}  # busy seconds per rollout worker, last call
@@ -167,12 +169,16 @@ class Pipeline:
     # ---- checkpoints -----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """The loops' counters (the sampler and buffer are checkpointed by their owners)."""
-        return {
+        """The loops' counters and the replay store (the sampler and buffer are checkpointed
+        by their owners)."""
+        state = {
             "drawn": self.feeder.drawn,
             "calls": [loop.calls for loop in self.rollouts],
             "continued": [loop.continued for loop in self.rollouts],
         }
+        if self.replay is not None:
+            state["replay"] = self.replay.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Counters of a checkpoint (before ``start``); a different worker count keeps them
@@ -182,6 +188,8 @@ class Pipeline:
             self.rollouts, state["calls"], state["continued"], strict=False
         ):  # a checkpoint's loops, or as many as the pool has
             loop.calls, loop.continued = calls, continued
+        if self.replay is not None and "replay" in state:  # else replay starts empty here
+            self.replay.load_state_dict(state["replay"])
 
     # ---- metrics -----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import numpy as np
 from rlsys.buffer import StreamingBuffer
 from rlsys.data.collate import samples_to_batch
 from rlsys.pipeline.loop import Loop
+from rlsys.replay import ReplayStore
 from rlsys.types import RolloutGroup, Sample, TrainBatch
 
 
@@ -22,9 +23,10 @@ class ScoringLoop(Loop):
     any rollout loop finishing a request. Ends when every rollout loop started so far
     (``producers()``, which grows as the pool does) has sent its ``None``.
 
-    Order per group: the reward function (and ReMax's greedy reply), the buffer's staleness
-    and filter screen on the verifier's rewards, ``shape`` (overlong penalty), then for kept
-    groups only the reference policy's log-probabilities and the queue."""
+    Order per group: the reward function (and ReMax's greedy reply), the replay store's offer
+    and fill (``buffer.replay``), the buffer's staleness and filter screen on the verifier's
+    rewards, ``shape`` (overlong penalty), then for kept groups only the reference policy's
+    log-probabilities and the queue."""
 
     name = "scoring"
 
@@ -38,9 +40,10 @@ class ScoringLoop(Loop):
         pad_id: int,
         producers: Callable[[], int],
         on_failure,
+        replay: ReplayStore | None = None,
     ) -> None:
         super().__init__(on_failure)
-        self.groups, self.buffer = groups, buffer
+        self.groups, self.buffer, self.replay = groups, buffer, replay
         self.score, self.shape, self.reference = score, shape, reference
         self.pad_id, self.producers = pad_id, producers
         self.stopping = threading.Event()  # the run is ending: count arrivals as unused
@@ -70,21 +73,27 @@ class ScoringLoop(Loop):
         self.score([group])
         if group.baseline is not None:
             self.score([RolloutGroup(group.prompt, [group.baseline])])
-        kept = self.buffer.screen(group)  # on the verifier's rewards
+        trained = group  # what goes to the learner: with replayed successes in an all-wrong one
+        if self.replay is not None:
+            self.replay.offer(group)
+            trained = self.replay.fill(group)
+        kept = self.buffer.screen(trained)  # on the verifier's rewards
         extra = [group.baseline] if group.baseline is not None else []
         penalty = self.shape(group.samples + extra)
+        if trained is not group:
+            self.shape([s for s in trained.samples if s.replayed])
         with self._window_lock:
-            self._window.append(group)
+            self._window.append(group)  # as generated: the metrics and curriculum see that
             self._penalties.append(penalty)
         if not kept:
             return
         # a screened group is still in flight: a failure below is cancelled as "failed"
         if self.reference is not None:
             start = time.perf_counter()
-            self._add_reference(group)
+            self._add_reference(trained)
             with self._window_lock:
                 self._reference_s += time.perf_counter() - start
-        self.buffer.push(group)
+        self.buffer.push(trained)
 
     def _add_reference(self, group: RolloutGroup) -> None:
         batch = samples_to_batch(group.samples, self.pad_id)

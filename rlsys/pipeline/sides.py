@@ -11,6 +11,7 @@ import numpy as np
 
 from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.rollout import BuildGroups, GenerateOn, ReplaceWorker
+from rlsys.replay import ReplayStore
 from rlsys.types import Prompt, RolloutGroup, Sample, SamplingParams, TrainBatch
 
 # prompts -> (the prompts that fit, their token ids)
@@ -43,3 +44,4 @@ class ScoringSide:
     shape: Callable[[list[Sample]], float]  # overlong shaping; returns the mean penalty
     reference: Callable[[TrainBatch], np.ndarray] | None = None  # reference log-probabilities
     pad_id: int = 0
+    replay: ReplayStore | None = None  # successes put into all-wrong groups (buffer.replay)

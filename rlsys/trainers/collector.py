@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,7 @@ class EvalResult:
     mean_reward: float
     mean_response_tokens: float
     num_prompts: int
+    accuracy_by: dict[str, float] = field(default_factory=dict)  # group_by value -> accuracy
 
 
 @dataclass(frozen=True)
@@ -215,12 +216,19 @@ class RolloutCollector:
         self.score(groups)
         return groups
 
-    def evaluate(self, prompts: list[Prompt], max_new_tokens: int) -> EvalResult:
-        """Greedy accuracy on ``prompts``."""
+    def evaluate(
+        self, prompts: list[Prompt], max_new_tokens: int, group_by: str | None = None
+    ) -> EvalResult:
+        """Greedy accuracy on ``prompts`` (and per value of their metadata key ``group_by``;
+        prompts without that key are left out of those figures)."""
         groups = self.collect(
             prompts, SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens)
         )
         samples = [g.samples[0] for g in groups]
+        by_value: dict[str, list[bool]] = {}
+        for s in samples if group_by is not None else []:
+            if group_by in s.prompt.meta:
+                by_value.setdefault(str(s.prompt.meta[group_by]), []).append(s.correct)
         return EvalResult(
             accuracy=float(np.mean([s.correct for s in samples])) if samples else 0.0,
             mean_reward=float(np.mean([s.reward for s in samples])) if samples else 0.0,
@@ -228,6 +236,7 @@ class RolloutCollector:
             if samples
             else 0.0,
             num_prompts=len(samples),
+            accuracy_by={value: float(np.mean(right)) for value, right in sorted(by_value.items())},
         )
 
 

@@ -1,6 +1,7 @@
 """Exact resume: a run stopped by SIGTERM and resumed with ``resume=auto`` trains on the same
 batches with the same losses and rewards as a run that was never stopped (synchronous mode,
-CPU), for FSDP2 and DeepSpeed, with and without LoRA; FSDP2 also resumes on a different learner
+CPU), for FSDP2 and DeepSpeed, with and without LoRA (and with the curriculum sampler and the
+replay store); FSDP2 also resumes on a different learner
 world size. And the
 ``rlsys train`` process itself: Ctrl-C checkpoints, exits 130 with a message, a fresh run
 refuses its directory, and ``resume=auto`` falls back past a damaged checkpoint and finishes
@@ -47,17 +48,28 @@ COMPARED = (
     "train/entropy",
     "train/clip_frac",
     "eval/accuracy",
+    "buffer/replayed_samples",
 )
 # ZeRO-2 resumes bitwise at the backend level (tests/distributed/test_backend_checkpoint.py);
 # end to end, ZeRO-3 (the harder sharding) stands for DeepSpeed.
 LORA = ["model.lora.rank=8", "learner.optim.lr=1e-2"]
 CURRICULUM = ["data.sampler=curriculum", "data.curriculum.bucket_key=level"]
+# replay of every success (the test reward counts a reply starting with a digit as right), on
+# 12 prompts so that prompts come back within 4 steps
+REPLAY = [
+    "buffer.replay.enabled=true",
+    "buffer.replay.max_pass_rate=1.0",
+    "algorithm.off_policy=tis",
+    "task.reward=digit_lead",
+    "task.train_size=12",
+]
 BACKENDS = {
     "fsdp2": [],
     "deepspeed_zero3": ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"],
     # LoRA: checkpoints hold the adapters and their optimizer state alone; with the curriculum
-    # sampler, whose pass-rate estimates and draw count must resume too (one run for both)
-    "fsdp2_lora_curriculum": [*LORA, *CURRICULUM],
+    # sampler and the replay store, whose estimates, draw count and kept successes must
+    # resume too (one run for all three)
+    "fsdp2_lora_curriculum_replay": [*LORA, *CURRICULUM, *REPLAY],
     "deepspeed_zero2_lora": [*LORA, "learner.backend=deepspeed", "learner.deepspeed.zero_stage=2"],
 }
 
@@ -130,7 +142,7 @@ def uninterrupted(ray_cpu, tmp_path_factory):
     [
         "fsdp2",
         pytest.param("deepspeed_zero3", marks=pytest.mark.long),
-        "fsdp2_lora_curriculum",
+        "fsdp2_lora_curriculum_replay",
         pytest.param("deepspeed_zero2_lora", marks=pytest.mark.long),
     ],
 )
@@ -155,6 +167,9 @@ def test_stop_and_resume_matches_an_uninterrupted_run(uninterrupted, tmp_path, b
     if "curriculum" in backend:  # the estimates were there to resume, and drove the draws
         assert full_steps[4]["data/buckets_seen_frac"] == 1.0
         assert resumed_steps[4]["data/pass_rate_p50"] == full_steps[4]["data/pass_rate_p50"]
+    if "replay" in backend:  # successes were replayed after the checkpoint, from its store
+        assert sum(full_steps[k].get("buffer/replayed_samples", 0) for k in (3, 4)) > 0
+        assert resumed["accounting"]["samples_replayed"] > 0
     # the last checkpoint, exported offline, is the policy the run exported at its end (LoRA:
     # with the adapters merged in, as the run's final model is)
     exported = _export(

@@ -148,6 +148,7 @@ def test_accounting_balances_with_a_reason_per_drop():
         "failed": 2,
         "prompt_too_long": 2,
         "unused": 0,
+        "replaced": 0,
     }
     with pytest.raises(ValueError, match="drop reason"):
         buffer.cancel(1, "lost")

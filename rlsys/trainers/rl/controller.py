@@ -57,6 +57,7 @@ from rlsys.data.tasks import TaskSplits
 from rlsys.faults import nonfinite_streak
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.pools import Pools
+from rlsys.replay import ReplayStore
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
@@ -124,6 +125,12 @@ class Controller:
             raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
         if cfg.reference_group and pools.reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
+        key = cfg.eval.group_by
+        if key is not None and not any(key in p.meta for p in task.eval[: cfg.eval.num_prompts]):
+            raise ValueError(
+                f"eval.group_by={key!r}: no held-out prompt has that metadata key; name one "
+                "they have (the arithmetic task's is level) or set eval.group_by=null"
+            )
         self.collector = RolloutCollector.for_task(
             pools.generate, tokenizer, cfg.task, cfg.reward, pools.scorer
         )
@@ -207,6 +214,7 @@ class Controller:
             self.recipe.shape_rewards,
             self._reference_logprobs if self.cfg.algorithm.uses_reference else None,
             self.pad_id,
+            ReplayStore(cfg.buffer.replay) if cfg.buffer.replay.enabled else None,
         )
         return buffer, sampler, Pipeline(buffer, sampler, rollout, scoring)
 
@@ -242,6 +250,8 @@ class Controller:
             )
         groups, penalties, reference_s = self.state.pipeline.scoring.drain_window()
         self.state.sampler.observe(groups)  # at the step boundary: see rlsys.data.curriculum
+        if self.state.pipeline.replay is not None:  # likewise: see rlsys.replay
+            self.state.pipeline.replay.commit(self.state.version)
         metrics = self._rollout_metrics(groups, penalties, reference_s)
         metrics.update(
             batch_metrics(
@@ -389,12 +399,14 @@ class Controller:
         result = self.collector.evaluate(
             self.task.eval[: self.cfg.eval.num_prompts],
             self.cfg.eval.max_new_tokens or self.task.max_new_tokens,
+            self.cfg.eval.group_by,
         )
         return {
             "eval/accuracy": result.accuracy,
             "eval/reward_mean": result.mean_reward,
             "eval/response_tokens": result.mean_response_tokens,
             "eval/num_prompts": result.num_prompts,
+            **{f"eval/accuracy_{value}": acc for value, acc in result.accuracy_by.items()},
         }
 
     def _timed_evaluate(self) -> dict[str, float]:
@@ -527,6 +539,8 @@ class Controller:
             **self.state.pipeline.pool_metrics(),
             **self.state.sampler.metrics(),
         }
+        if self.state.pipeline.replay is not None:
+            out.update(self.state.pipeline.replay.metrics())
         if groups and self.cfg.rollout.n_samples > 1:
             uniform = sum(not has_reward_variance(g) for g in groups)
             out["rollout/uniform_group_frac"] = uniform / len(groups)

@@ -13,8 +13,8 @@ from rlsys.types import RolloutGroup, TrainBatch
 def batch_metrics(
     kept: list[RolloutGroup], buffer: StreamingBuffer, version: int, max_staleness: int
 ) -> dict[str, float]:
-    """The batch's staleness histogram (against policy ``version``) and partial rollouts, the
-    queue's depth."""
+    """The batch's staleness histogram (against policy ``version``; replayed samples apart)
+    and partial rollouts, the queue's depth."""
     out = {
         "buffer/groups_kept": len(kept),
         "buffer/queue_groups": len(buffer),
@@ -22,7 +22,11 @@ def batch_metrics(
         "buffer/dropped_stale": buffer.stats.dropped_stale,
         "buffer/dropped_filtered": buffer.stats.dropped_filtered,
     }
-    samples = [s for g in kept for s in g.samples]
+    replayed = [version - s.completion.version for g in kept for s in g.samples if s.replayed]
+    if replayed:  # older by design: bounded by buffer.replay.max_age, not the staleness bound
+        out["buffer/replayed_samples"] = len(replayed)
+        out["buffer/replay_age_mean"] = float(np.mean(replayed))
+    samples = [s for g in kept for s in g.samples if not s.replayed]
     if not samples:
         return out
     lag = np.array([version - s.completion.version for s in samples])
