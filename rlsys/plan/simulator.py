@@ -54,6 +54,7 @@ class Prediction:
     scoring_idle_frac: float
     staleness: dict[int, float]  # versions behind -> fraction of trained samples
     dropped: dict[str, int]  # reason -> samples
+    steady_samples_per_s: float = 0.0  # after the first max_staleness + 1 steps (warm-up)
     samples_continued: int = 0  # partial rollouts
     gate_wait_s: float = 0.0  # mean per step (time/gate_wait)
     accounting_balanced: bool = True
@@ -98,6 +99,8 @@ class _Stats:
     scoring_idle: list[float] = field(default_factory=list)
     learner_idle: list[float] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
+    step_ends: list[float] = field(default_factory=list)
+    step_samples: list[int] = field(default_factory=list)  # trained per step
     gate_wait: list[float] = field(default_factory=list)
     staleness: Counter = field(default_factory=Counter)
     continued: int = 0
@@ -350,6 +353,7 @@ class Simulation:
         for group in kept:
             self.stats.staleness[self._version - group.version] += len(group.samples)
         self._trained += sum(len(g.samples) for g in kept)
+        self.stats.step_samples.append(sum(len(g.samples) for g in kept))
         work = self._learner_work(len(kept) * self.work.n_samples) if kept else 0.0
         self.cores.start(self.costs.step_overhead_s, lambda: self._learn(work, bool(kept), waited))
 
@@ -404,6 +408,7 @@ class Simulation:
         self.buffer.step_done(self._version)
         step_s = self.now - self._step_start
         self.stats.step_s.append(step_s)
+        self.stats.step_ends.append(self.now)
         self.stats.learner_idle.append(waited / step_s if step_s > 0 else 0.0)
         self.stats.gate_wait.append(gate_wait)
         self._steps += 1
@@ -445,11 +450,23 @@ class Simulation:
             scoring_idle_frac=_mean(self.stats.scoring_idle),
             staleness={k: v / total for k, v in sorted(self.stats.staleness.items())},
             dropped=dropped,
+            steady_samples_per_s=self._steady(),
             samples_continued=self.stats.continued,
             gate_wait_s=_mean(self.stats.gate_wait),
             accounting_balanced=accounting["samples_issued"]
             == accounting["samples_trained"] + sum(dropped.values()),
         )
+
+    def _steady(self) -> float:
+        """Samples/s once the pipeline is full: the steps after the first
+        ``max_staleness + 1`` (fewer if the run is short; all of them for one step)."""
+        ends, samples = self.stats.step_ends, self.stats.step_samples[: len(self.stats.step_ends)]
+        if not ends:
+            return 0.0
+        warm = min(self.place.max_staleness + 1, len(ends) - 1)
+        start = ends[warm - 1] if warm else 0.0
+        span = ends[-1] - start
+        return sum(samples[warm:]) / span if span > 0 else 0.0
 
 
 _PROMPT = Prompt(0, "", "")

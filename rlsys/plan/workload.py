@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlsys.algorithms.objectives import needs_old_logprobs
 from rlsys.config.schema import TrainConfig
 
 
@@ -157,6 +156,8 @@ def from_train_config(
     filtered_frac: float = 0.0,
 ) -> tuple[Workload, Placement]:
     """The workload and placement an ``rlsys train`` config describes."""
+    from rlsys.algorithms.objectives import needs_old_logprobs  # imports torch: only here
+
     algo, learner = cfg.algorithm, cfg.learner
     budget = cfg.trainer.max_samples
     workload = Workload(
