@@ -163,8 +163,8 @@ def search(
     top: int = 5,
     calibrated: dict[str, float] | None = None,
 ) -> list[Ranked]:
-    """The ``top`` placements by simulated steady-state samples/s (of the ``3 x top`` best
-    by the estimate)."""
+    """The ``top`` placements by simulated steady-state samples/s (of the ``2 x top`` best
+    by the estimate, at least 8)."""
     work = dataclasses.replace(work, weight_bytes=model.weight_bytes)
     found = candidates(cluster, model, work, calibrated)
     if not found:
@@ -172,10 +172,10 @@ def search(
             f"no placement of {model.params / 1e9:.1f}B params fits {cluster.gpus} x "
             f"{cluster.gpu_name}: the learner's state or an engine's weights exceed memory"
         )
-    shortlist = sorted(found, key=lambda c: -estimate(c, work))[: max(3 * top, 10)]
+    shortlist = sorted(found, key=lambda c: -estimate(c, work))[: max(2 * top, 8)]
     ranked = []
     for c in shortlist:
-        steps = 2 * (c.placement.max_staleness + 1) + 4
+        steps = c.placement.max_staleness + 1 + 4  # warm-up, then steady steps
         place = dataclasses.replace(c.placement, prompts_per_request=per_request(c, work))
         sim_work = dataclasses.replace(work, total_steps=steps, max_groups=None)
         ranked.append(Ranked(c, simulate(c.costs, sim_work, place)))

@@ -106,6 +106,19 @@ class _Stats:
     continued: int = 0
 
 
+class _SimGroup(RolloutGroup):
+    """A group whose version (its oldest sample's) is computed once: the buffer reads it at
+    every screen, step and take, and simulated samples never change."""
+
+    def __init__(self, prompt: Prompt, samples: list[Sample]) -> None:
+        super().__init__(prompt, samples)
+        self._version = min(s.completion.version for s in samples)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+
 class _Cores:
     """Processor sharing: running jobs share ``count`` cores equally, none faster than one
     core (``count`` 0: unlimited, every job at full speed). A job is ``seconds`` of work at full
@@ -278,8 +291,8 @@ class Simulation:
         self._dispatch()
 
     def _finish_request(self, request: _Request) -> None:
-        for row, filtered in zip(request.first_version, request.filtered, strict=True):
-            group = RolloutGroup(_PROMPT, [self._sample(int(v)) for v in row])
+        for row, filtered in zip(request.first_version.tolist(), request.filtered, strict=True):
+            group = _SimGroup(_PROMPT, [self._sample(v) for v in row])
             if filtered:
                 self._filtered.add(id(group))
             self._scoring.append(group)
