@@ -179,7 +179,14 @@ def search(
         place = dataclasses.replace(c.placement, prompts_per_request=per_request(c, work))
         sim_work = dataclasses.replace(work, total_steps=steps, max_groups=None)
         ranked.append(Ranked(c, simulate(c.costs, sim_work, place)))
-    ranked.sort(key=lambda r: -r.samples_per_s)
+    # equal throughput (e.g. learner-bound): prefer fresher samples, then no partial rollouts
+    ranked.sort(
+        key=lambda r: (
+            -round(r.samples_per_s, 1),
+            r.candidate.placement.max_staleness,
+            r.candidate.placement.partial,
+        )
+    )
     return ranked[:top]
 
 
