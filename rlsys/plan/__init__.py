@@ -3,6 +3,7 @@
 * ``costs``      per-stage cost model (generation, learner passes, weight sync, scoring)
 * ``workload``   what a run does (batch, samples, lengths) and where (pools, staleness)
 * ``simulator``  a discrete-event simulation of the pipeline, driving the real buffer
+* ``cores``      processor sharing of a machine's cores among the simulated stages
 * ``calibrate``  the cost model's constants fitted from run directories' metrics
 * ``hardware``   published GPU and model figures (never measured here) for clusters
 * ``search``     placements for a cluster, ranked by predicted samples/s

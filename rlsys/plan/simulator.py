@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlsys.buffer import StreamingBuffer
+from rlsys.plan.cores import SharedCores
 from rlsys.plan.costs import StageCosts
 from rlsys.plan.workload import Placement, Workload
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample
@@ -119,63 +120,6 @@ class _SimGroup(RolloutGroup):
         return self._version
 
 
-class _Cores:
-    """Processor sharing: running jobs share ``count`` cores equally, none faster than one
-    core (``count`` 0: unlimited, every job at full speed). A job is ``seconds`` of work at full
-    speed; ``done`` runs when it is finished."""
-
-    def __init__(self, sim: Simulation, count: float) -> None:
-        self.sim, self.count = sim, count
-        self._left: dict[int, float] = {}  # job -> seconds of work left at full speed
-        self._done: dict[int, Callable[[], None]] = {}
-        self._ids = itertools.count()
-        self._last = 0.0  # when ``_left`` was last brought up to date
-        self._epoch = 0  # invalidates the completion events scheduled before a change
-
-    def _rate(self) -> float:
-        if not self.count or len(self._left) <= self.count:
-            return 1.0
-        return self.count / len(self._left)
-
-    def _advance(self) -> None:
-        spent = (self.sim.now - self._last) * self._rate()
-        for job in self._left:
-            self._left[job] -= spent
-        self._last = self.sim.now
-
-    def start(self, seconds: float, done: Callable[[], None]) -> int:
-        self._advance()
-        job = next(self._ids)
-        self._left[job], self._done[job] = max(seconds, 0.0), done
-        self._reschedule()
-        return job
-
-    def stop(self, job: int) -> float:
-        """Take ``job`` off the cores unfinished; returns the seconds of its work left."""
-        self._advance()
-        left = self._left.pop(job)
-        del self._done[job]
-        self._reschedule()
-        return max(left, 0.0)
-
-    def _reschedule(self) -> None:
-        self._epoch += 1
-        if self._left:
-            job = min(self._left, key=self._left.__getitem__)
-            epoch = self._epoch
-            delay = max(self._left[job], 0.0) / self._rate()
-            self.sim._at(delay, lambda: self._finish(job, epoch))
-
-    def _finish(self, job: int, epoch: int) -> None:
-        if epoch != self._epoch:
-            return
-        self._advance()
-        self._left.pop(job)
-        done = self._done.pop(job)
-        self._reschedule()
-        done()
-
-
 class Simulation:
     """One simulated run; ``run()`` returns its ``Prediction``. Deterministic for a seed."""
 
@@ -212,7 +156,7 @@ class Simulation:
         self._trained = 0  # samples the learner took
         self._samples: dict[int, Sample] = {}
         self.stats = _Stats()
-        self.cores = _Cores(self, costs.host_cores)
+        self.cores = SharedCores(lambda: self.now, self._at, costs.host_cores)
 
     # ---- the event loop --------------------------------------------------------------------
 

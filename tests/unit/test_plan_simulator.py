@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlsys.plan.cores import SharedCores
 from rlsys.plan.costs import CostsError, StageCosts
 from rlsys.plan.simulator import Simulation, simulate
 from rlsys.plan.workload import Placement, ReplyLengths, Workload, WorkloadError
@@ -162,3 +163,22 @@ def test_bad_costs_and_placements_name_the_key():
         StageCosts.from_dict({"gen_cal_s": 1.0})
     with pytest.raises(WorkloadError, match="max_staleness"):
         Placement(max_staleness=-1)
+
+
+def test_shared_cores_split_their_speed_among_running_jobs():
+    events: list = []
+    clock = {"now": 0.0}
+    cores = SharedCores(lambda: clock["now"], lambda d, a: events.append((clock["now"] + d, a)), 1)
+    finished = {}
+
+    def run_next() -> None:
+        events.sort(key=lambda e: e[0])
+        clock["now"], action = events.pop(0)
+        action()
+
+    cores.start(1.0, lambda: finished.setdefault("a", clock["now"]))
+    job_b = cores.start(2.0, lambda: finished.setdefault("b", clock["now"]))
+    while "a" not in finished:
+        run_next()
+    assert finished["a"] == pytest.approx(2.0)  # half speed while both ran
+    assert cores.stop(job_b) == pytest.approx(1.0)  # b did 1 s of its 2 s
