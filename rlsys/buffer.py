@@ -130,6 +130,15 @@ class StreamingBuffer:
     def _no_room(self) -> bool:
         return self._capacity() == 0 and not self._budget_spent()
 
+    def room(self) -> int:
+        """How many groups ``reserve`` would grant now without waiting: 0 while paused, closed,
+        full or with the sample budget spent. (The planner's simulator drives the buffer with
+        this and ``ready`` instead of blocking calls: see ``rlsys.plan.simulator``.)"""
+        with self._cond:
+            if self._closed or self._paused or self._budget_spent():
+                return 0
+            return self._capacity()
+
     def _budget_spent(self) -> bool:
         return self.max_groups is not None and self._issued >= self.max_groups
 
@@ -196,12 +205,20 @@ class StreamingBuffer:
         """Nothing more can arrive until the learner moves on."""
         return self._in_flight == 0 and self._capacity() == 0
 
+    def _take_ready(self, max_groups: int) -> bool:
+        return self._closed or len(self._groups) >= max_groups or self._starved()
+
+    def ready(self, max_groups: int) -> bool:
+        """Whether ``take(max_groups)`` would return now without waiting."""
+        with self._cond:
+            return self._take_ready(max_groups)
+
     def take(self, max_groups: int) -> list[RolloutGroup]:
         """Up to ``max_groups`` groups, oldest first. Blocks until that many are queued, or
         no more can arrive before the learner's next step (then fewer, possibly none), or the
         buffer is closed."""
         with self._cond:
-            while not self._closed and len(self._groups) < max_groups and not self._starved():
+            while not self._take_ready(max_groups):
                 self._cond.wait()
             self._drop_stale()
             out = [self._groups.popleft() for _ in range(min(max_groups, len(self._groups)))]

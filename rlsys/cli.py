@@ -2,8 +2,9 @@
 
 Overrides are Hydra overrides (``learner.world_size=1``, ``algorithm=grpo``). The config is
 validated before anything heavy is imported or started, so a bad key fails in about a second.
-``rlsys submit launcher=<ray_job|kuberay|slurm>`` sends ``rlsys train`` with the same
-overrides to a cluster; ``status`` / ``stop`` follow the job; ``scale`` resizes a running
+``rlsys plan`` predicts throughput from a cost model calibrated on runs and searches
+placements for a cluster (docs/planning.md). ``rlsys submit launcher=<ray_job|kuberay|slurm>``
+sends ``rlsys train`` with the same overrides to a cluster; ``status`` / ``stop`` follow the job; ``scale`` resizes a running
 run's rollout pool or learner group; ``report`` plots a run's metrics; ``doctor [--gpu]``
 checks this machine's stack with short real runs and writes a report to attach to a bug (exit 1
 if a check failed).
@@ -34,6 +35,11 @@ SCALE_HELP = (
     "learner=M [critic=K]"
 )
 REPORT_HELP = "plot a run's metrics.jsonl: RUN_DIR/report/index.html and a PNG per panel"
+PLAN_HELP = (
+    "predict samples/s, idle fractions and staleness: plan calibrate RUN_DIR... | plan predict "
+    "--costs F [overrides] | plan --cluster nodes=N,gpus_per_node=G,gpu=H100 --model 7b "
+    "(ranked placements); see docs/planning.md"
+)
 DOCTOR_HELP = (
     "check this machine: versions, a 2-step training run, weight-sync timing (--gpu: the GPU "
     "half too); writes doctor.md and doctor.json; exit 1 if a check failed (skips are not)"
@@ -76,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     report = sub.add_parser("report", help=REPORT_HELP, description=REPORT_HELP)
     report.add_argument("run_dir", help="the run's directory (it holds metrics.jsonl)")
+    plan = sub.add_parser("plan", help=PLAN_HELP, description=PLAN_HELP, add_help=False)
+    plan.add_argument("args", nargs=argparse.REMAINDER, help="see `rlsys plan --help`")
     doctor = sub.add_parser("doctor", help=DOCTOR_HELP, description=DOCTOR_HELP)
     doctor.add_argument(
         "--gpu",
@@ -157,6 +165,10 @@ def _launch(args, cfg) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:  # its own sub-commands and options (rlsys.plan.command)
+        from rlsys.plan.command import main as plan_main
+
+        return plan_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "export":
         return _export(args.checkpoint, args.out_dir, args.merge)

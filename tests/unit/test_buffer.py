@@ -152,3 +152,26 @@ def test_accounting_balances_with_a_reason_per_drop():
     }
     with pytest.raises(ValueError, match="drop reason"):
         buffer.cancel(1, "lost")
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_room_and_ready_say_what_reserve_and_take_would_do_without_waiting(staleness):
+    # the planner's simulator drives the buffer with these instead of blocking calls
+    buffer = StreamingBuffer(batch_size=4, group_size=2, max_staleness=staleness)
+    assert buffer.room() == (staleness + 1) * 4
+    assert buffer.reserve(100) == (staleness + 1) * 4
+    assert buffer.room() == 0
+    assert not buffer.ready(4)  # nothing queued, groups in flight
+    for _ in range(4):
+        buffer.put(_group())
+    assert buffer.ready(4)
+    assert buffer.ready(5) == (staleness == 0)  # synchronous: nothing more can arrive
+    assert len(buffer.take(4)) == 4
+    assert buffer.room() == 0  # no room until the step is done, whatever the bound
+    buffer.step_done(policy_version=1)
+    assert buffer.room() == 4
+    buffer.pause()
+    assert buffer.room() == 0
+    buffer.resume()
+    buffer.close()
+    assert buffer.room() == 0 and buffer.ready(4)
