@@ -20,6 +20,7 @@ def check_train_config(cfg: TrainConfig) -> None:
     _check_algorithm_fit(cfg)
     _check_devices(cfg)
     _check_batch_feeds_groups(cfg)
+    _check_tree_rollouts(cfg)
 
 
 def _check_eval_sizes(cfg: TrainConfig) -> None:
@@ -156,4 +157,21 @@ def _check_engine_sleep(cfg: TrainConfig) -> None:
             "null turns it on where rollout workers have GPUs); set buffer.max_staleness=0, "
             "placement.mode=disaggregated, or placement.engine_sleep=false to share the "
             "GPUs statically (rollout.vllm.gpu_memory_utilization)"
+        )
+
+
+def _check_tree_rollouts(cfg: TrainConfig) -> None:
+    """Tree rollouts branch single-turn replies; the tree advantage needs a tree."""
+    tree = cfg.rollout.tree
+    if tree.enabled and cfg.task.env.name is not None:
+        raise ConfigError(
+            f"rollout.tree.enabled=true with task.env.name={cfg.task.env.name}: tree rollouts "
+            "branch single-turn replies, not multi-turn trajectories; set "
+            "rollout.tree.enabled=false or task.env.name=null"
+        )
+    if cfg.algorithm.uses_tree and not tree.enabled:
+        raise ConfigError(
+            f"algorithm.advantage={cfg.algorithm.advantage} compares the subtrees of tree "
+            "rollouts, but rollout.tree.enabled=false; set rollout.tree.enabled=true or "
+            "another algorithm.advantage (e.g. grpo)"
         )
