@@ -63,6 +63,10 @@ class Completion:
     # results), which are left out of the loss; None when every token is the model's
     mask: list[int] | None = None
     episode: Episode | None = None  # multi-turn only
+    # tree rollouts: (tree node id, tokens) of each segment of this reply, the root's child
+    # first; node ids are unique within the group, so leaves that share a node share those
+    # tokens (and their logprobs, copied); None: sampled on its own (flat)
+    segments: list[tuple[int, int]] | None = None
 
     def versions(self) -> list[int]:
         """(R,) the policy version of every token."""

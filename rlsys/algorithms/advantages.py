@@ -37,6 +37,45 @@ def grpo_advantages(
     return (centred / (std + eps)).astype(np.float32)
 
 
+def treepo_advantages(
+    rewards: np.ndarray,
+    paths: list[tuple[int, ...]],
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """Tree advantages of TreePO (Li et al. 2025, "TreePO: Bridging the Gap of Policy
+    Optimization and Efficacy and Inference Efficiency with Heuristic Tree-based Modeling",
+    fig. 3, as read here): each subtree of a group's tree is a sub-group, and a leaf's advantage
+    is the plain average of its group-relative advantages in every sub-group it belongs to.
+
+    rewards: (n,) the outcome rewards of one group's leaves; paths[i]: the tree node ids
+    from the root's child down to leaf i. The sub-groups are the whole group (the root)
+    and, for every node, the leaves below it, kept when they number 2 or more. In sub-group
+    S a leaf gets GRPO's ``(r_i - mean_S(r)) / (std_S(r) + eps)``, and
+    ``A_i = mean over the S that hold i``. Returns (n,), the same value for every token of a
+    leaf's reply. With no shared node (a flat group) this is ``grpo_advantages``.
+
+    Departures: std is the unbiased sample std as in ``grpo_advantages``, and
+    ``normalize_std=False`` drops it (Dr.GRPO's centring, per sub-group); a sub-group whose
+    rewards all tie gives its leaves 0 and still counts in the average (it says the
+    branch point made no difference); sub-groups are not weighted by size or depth, and
+    the average is not re-normalised over the group.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    members: dict[int, list[int]] = {}
+    for leaf, path in enumerate(paths):
+        for node in path:
+            members.setdefault(node, []).append(leaf)
+    groups = [list(range(len(rewards)))] + [m for m in members.values() if len(m) > 1]
+    total = np.zeros(len(rewards))
+    count = np.zeros(len(rewards))
+    for group in groups:
+        adv = grpo_advantages(rewards[group][None, :], normalize_std, eps)[0]
+        total[group] += adv
+        count[group] += 1
+    return (total / count).astype(np.float32)
+
+
 def dr_grpo_advantages(rewards: np.ndarray) -> np.ndarray:
     """Dr.GRPO advantages (Liu et al. 2025, "Understanding R1-Zero-Like Training", sec. 3.2).
 

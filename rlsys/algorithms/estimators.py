@@ -10,7 +10,8 @@ Traits of a registration: ``group`` (compares the samples of a prompt, so it nee
 rollout.n_samples >= 2), ``needs_critic`` (starts a critic pool and reads ``values``),
 ``greedy_baseline`` (the controller generates one greedy reply per prompt for
 ``baseline_rewards``), ``pass_k`` (reads algorithm.pass_k, which must be below
-rollout.n_samples).
+rollout.n_samples), ``tree`` (reads the tree of tree rollouts, ``tree_paths``: needs
+rollout.tree.enabled).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class AdvantageInputs:
     lam: float = 0.95  # GAE lambda
     normalize_std: bool = True  # grpo: divide by the group's reward std
     pass_k: int = 4  # pass_at_k: the k of pass@k
+    # (B,) tree rollouts: each row's tree node ids, root's child first (None: flat groups)
+    tree_paths: list[tuple[int, ...]] | None = None
 
 
 @dataclass
@@ -106,6 +109,21 @@ def opo(x: AdvantageInputs) -> Advantages:
 @ADVANTAGES.register("pass_at_k", group=True, pass_k=True)
 def pass_at_k(x: AdvantageInputs) -> Advantages:
     return _per_token(x, A.pass_at_k_advantages(_groups(x), x.pass_k))
+
+
+@ADVANTAGES.register("treepo", group=True, tree=True)
+def treepo(x: AdvantageInputs) -> Advantages:
+    """TreePO's sub-tree averaged advantages; rows without a tree path count as flat."""
+    rewards = _groups(x)
+    paths = x.tree_paths or [()] * len(x.rewards)
+    n = x.group_size
+    scalar = np.concatenate(
+        [
+            A.treepo_advantages(row, paths[g * n : (g + 1) * n], x.normalize_std)
+            for g, row in enumerate(rewards)
+        ]
+    )
+    return _per_token(x, scalar)
 
 
 @ADVANTAGES.register("remax", greedy_baseline=True)

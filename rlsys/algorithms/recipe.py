@@ -90,8 +90,10 @@ class Recipe:
         batch: TrainBatch,
         token_kl: np.ndarray | None = None,
         baseline_rewards: np.ndarray | None = None,
+        tree_paths: list[tuple[int, ...]] | None = None,
     ) -> Advantages:
-        """Per-token advantages (and critic targets) of ``batch``, rows ordered by group."""
+        """Per-token advantages (and critic targets) of ``batch``, rows ordered by group;
+        ``tree_paths``: each row's tree node ids (tree rollouts)."""
         cfg = self.cfg
         penalty = None
         if token_kl is not None and cfg.kl_penalty == "reward":
@@ -108,6 +110,7 @@ class Recipe:
                 lam=cfg.lam,
                 normalize_std=cfg.normalize_std,
                 pass_k=cfg.pass_k,
+                tree_paths=tree_paths,
             )
         )
         if cfg.whiten_advantages:

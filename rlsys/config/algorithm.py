@@ -216,6 +216,13 @@ class AlgorithmConfig:
         return ADVANTAGES.trait(self.advantage, "pass_k")
 
     @property
+    def uses_tree(self) -> bool:
+        """Whether the estimator reads the tree of tree rollouts (rollout.tree.enabled)."""
+        from rlsys.algorithms.estimators import ADVANTAGES
+
+        return ADVANTAGES.trait(self.advantage, "tree")
+
+    @property
     def has_ratio(self) -> bool:
         """Whether the policy loss has an importance ratio (several optimizer steps per batch
         and stale samples stay correct)."""

@@ -21,6 +21,7 @@ def check_train_config(cfg: TrainConfig) -> None:
     _check_devices(cfg)
     _check_batch_feeds_groups(cfg)
     _check_replay(cfg)
+    _check_tree_rollouts(cfg)
 
 
 def _check_eval_sizes(cfg: TrainConfig) -> None:
@@ -177,4 +178,27 @@ def _check_replay(cfg: TrainConfig) -> None:
             f"buffer.replay.per_group={replay.per_group} must be below rollout.n_samples="
             f"{cfg.rollout.n_samples} (a group keeps at least one sample of its own); lower "
             "buffer.replay.per_group"
+        )
+    if cfg.algorithm.uses_tree:
+        raise ConfigError(
+            f"buffer.replay.enabled=true with algorithm.advantage={cfg.algorithm.advantage}: "
+            "a replayed sample belongs to an earlier group's tree, not this one's; set "
+            "buffer.replay.enabled=false or another algorithm.advantage (e.g. grpo)"
+        )
+
+
+def _check_tree_rollouts(cfg: TrainConfig) -> None:
+    """Tree rollouts branch single-turn replies; the tree advantage needs a tree."""
+    tree = cfg.rollout.tree
+    if tree.enabled and cfg.task.env.name is not None:
+        raise ConfigError(
+            f"rollout.tree.enabled=true with task.env.name={cfg.task.env.name}: tree rollouts "
+            "branch single-turn replies, not multi-turn trajectories; set "
+            "rollout.tree.enabled=false or task.env.name=null"
+        )
+    if cfg.algorithm.uses_tree and not tree.enabled:
+        raise ConfigError(
+            f"algorithm.advantage={cfg.algorithm.advantage} compares the subtrees of tree "
+            "rollouts, but rollout.tree.enabled=false; set rollout.tree.enabled=true or "
+            "another algorithm.advantage (e.g. grpo)"
         )

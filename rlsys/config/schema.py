@@ -25,6 +25,7 @@ from rlsys.config.learner import CriticConfig, LearnerConfig
 from rlsys.config.preference import DPOConfig, PreferenceDataConfig, RMConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 from rlsys.config.reward import RewardConfig
+from rlsys.config.tree import TreeConfig
 from rlsys.engines import ENGINES
 from rlsys.weight_sync import TRANSPORTS
 
@@ -260,6 +261,7 @@ class RolloutConfig:
     # (one call per worker per batch). Smaller calls stream groups to scoring sooner.
     prompts_per_request: int | None = None
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)  # tree rollouts (TreePO); off: flat
     elastic: ElasticConfig = field(default_factory=ElasticConfig)  # resize the pool mid-run
 
     def __post_init__(self) -> None:
@@ -285,6 +287,12 @@ class RolloutConfig:
             one_of("rollout.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"rollout.stop={list(self.stop)} must be non-empty strings")
+        if self.tree.enabled and self.partial_rollouts:
+            raise ConfigError(
+                "rollout.tree.enabled=true with rollout.partial_rollouts=true is not supported "
+                "(a tree's segments are generated in rounds, and an aborted one would have to "
+                "be continued inside a round); set one of them to false"
+            )
         tp = self.vllm.tensor_parallel_size
         if (
             self.engine == "vllm"

@@ -66,6 +66,7 @@ class Pipeline:
                 self.fail,
                 rollout.replace_worker,
                 rollout.episodes,
+                rollout.tree,
             )
 
         self._new_loop = new_loop

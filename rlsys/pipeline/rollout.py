@@ -8,10 +8,12 @@ import threading
 from collections.abc import Callable
 
 from rlsys.buffer import StreamingBuffer
+from rlsys.config.tree import TreeConfig
 from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.feeder import Request
 from rlsys.pipeline.gate import RolloutGate
 from rlsys.pipeline.loop import Loop
+from rlsys.pipeline.tree import sample_tree
 from rlsys.types import Completion, Prompt, RolloutGroup, SamplingParams
 
 # (worker, prompt ids, sampling, seed, per-prompt token budgets) -> completions per prompt
@@ -41,7 +43,9 @@ class RolloutLoop(Loop):
     only end aborted when the run stops. ``greedy_baseline`` (ReMax) adds one greedy reply
     per prompt. With ``episodes`` (a multi-turn task) every sample is a trajectory: model
     turns alternate with the environment's observations, one generation call per turn for
-    the trajectories still going. A generation call that fails is retried once
+    the trajectories still going. With ``tree`` (tree rollouts) a group's samples are the
+    leaves of a tree of shared segments, one generation call per level (``sample_tree``).
+    A generation call that fails is retried once
     ``replace_worker`` reports the worker replaced (a dead process restarted with the current
     weights); the request keeps its reservation, so its prompts are neither lost nor counted
     twice."""
@@ -62,6 +66,7 @@ class RolloutLoop(Loop):
         on_failure,
         replace_worker: ReplaceWorker | None = None,
         episodes: EpisodeRunner | None = None,
+        tree: TreeConfig | None = None,
     ) -> None:
         super().__init__(on_failure)
         self.name = f"rollout-{worker}"
@@ -72,6 +77,7 @@ class RolloutLoop(Loop):
         self.greedy_baseline, self.partial = greedy_baseline, partial
         self.replace_worker = replace_worker
         self.episodes = episodes
+        self.tree = tree
         self.calls = 0  # generation calls made (each gets its own seed)
         self.continued = 0  # samples continued after an abort
         self.retiring = threading.Event()  # set: finish the current request, then end
@@ -122,6 +128,8 @@ class RolloutLoop(Loop):
         self, request: Request, sampling: SamplingParams
     ) -> list[list[Completion]] | None:
         """Finished completions (multi-turn: trajectories) per prompt of ``request``."""
+        if self.episodes is None and self.tree is not None and sampling.n > 1:
+            return sample_tree(request.prompt_ids, sampling, self.tree, self._complete)
         if self.episodes is None:
             return self._complete(request.prompt_ids, sampling, None)
         return self.episodes.run(request.prompts, request.prompt_ids, sampling, self._complete)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlsys.config.tree import TreeConfig
 from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.rollout import BuildGroups, GenerateOn, ReplaceWorker
 from rlsys.replay import ReplayStore
@@ -34,6 +35,7 @@ class RolloutSide:
     partial: bool = False  # samples a weight update aborts go on under the new weights
     replace_worker: ReplaceWorker | None = None  # restart a dead worker (then retry)
     episodes: EpisodeRunner | None = None  # a multi-turn task: trajectories, not replies
+    tree: TreeConfig | None = None  # tree rollouts: a group's samples share segments
 
 
 @dataclass(frozen=True)

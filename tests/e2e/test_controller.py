@@ -77,3 +77,32 @@ def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(
     assert steps[-1]["policy/version"] == 3
     # the policy moved away from the reference, and the KL term saw it
     assert steps[-1]["train/kl_ref"] > 0 and steps[-1]["train/grad_norm"] > 0
+
+
+def test_tree_rollouts_train_with_tree_advantages_and_save_tokens(run_controller):
+    """Tree rollouts (HF engine, groups of 4 leaves sharing 1-token segments) with TreePO's
+    advantages: every step's groups cost fewer generated tokens than flat ones would, and
+    the learner's log-probabilities of the leaves' token ids match the behaviour logprobs
+    they carry (shared prefix logprobs copied into each leaf)."""
+    summary, steps = run_controller(
+        [
+            "trainer.total_steps=2",
+            "trainer.eval_every=0",
+            "eval.num_prompts=8",
+            "data.batch_size=4",
+            "rollout.n_samples=4",
+            "rollout.num_cpus_per_worker=1",
+            "rollout.tree.enabled=true",
+            "rollout.tree.branching=2",
+            "rollout.tree.segment_tokens=1",
+            "algorithm.advantage=treepo",
+            "algorithm.filter_uniform_groups=false",
+            "task.reward=digit_fraction",
+        ]
+    )
+    assert summary["steps"] == 2 and summary["samples"] == 2 * 4 * 4
+    for record in steps:
+        # replies of up to 4 tokens: 2 shared first tokens + 4 own rest, of 4 flat replies
+        assert 0.0 < record["rollout/tokens_saved_frac"] < 0.5
+        assert record["train/logprob_mismatch"] < 1e-3
+        assert record["train/advantage_abs"] > 0

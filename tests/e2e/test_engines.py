@@ -1,6 +1,7 @@
 """Both rollout engines, each in a real rollout worker actor: the RolloutEngine contract.
 
-Behaviour logprobs equal a forward pass at the sampling temperature; seeds reproduce; stop
+Behaviour logprobs equal a forward pass at the sampling temperature (tree rollouts too: leaves
+carry their shared prefix's tokens and logprobs); seeds reproduce; stop
 tokens and strings end completions; versions are stamped; a weight update changes what is
 generated (greedy output equals Hugging Face's greedy output for the new weights); abort stops
 an in-flight generation with partial completions; sleep/wake keep the engine usable.
@@ -8,6 +9,7 @@ an in-flight generation with partial completions; sleep/wake keep the engine usa
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -16,10 +18,12 @@ import ray
 import torch
 
 from rlsys.config.schema import ModelConfig, RolloutConfig, WeightSyncConfig
+from rlsys.config.tree import TreeConfig
 from rlsys.data.collate import pack
 from rlsys.models.loading import load_model, load_tokenizer, resolve_model_path
 from rlsys.models.logprobs import token_logprobs
-from rlsys.types import SamplingParams
+from rlsys.pipeline.tree import generated_tokens, sample_tree
+from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 from rlsys.weight_sync import TRANSPORTS
 from rlsys.weight_sync.base import SendResult, SyncAddress, WeightUpdate
 from rlsys.weight_sync.object_store import encode
@@ -72,6 +76,57 @@ def test_behaviour_logprobs_match_a_forward_pass(worker, tiny_model_dir):
         )
     mask = batch.loss_mask > 0
     np.testing.assert_allclose(logp.numpy()[mask], batch.behaviour_logprobs[mask], atol=2e-3)
+
+
+def test_tree_rollouts_share_prefixes_and_keep_exact_logprobs(worker, tiny_model_dir):
+    """Tree rollouts through the engine's prefix continuation (before any weight update: the
+    forward pass is of the starting weights): leaves below a node share its tokens, and
+    every leaf's logprobs, the copied shared ones included, equal a forward pass."""
+    _, actor = worker
+    tok = load_tokenizer(tiny_model_dir)
+    prompts = _prompts(tok)[:2]
+    sampling = SamplingParams(n=4, temperature=0.7, max_new_tokens=6, seed=2, stop_token_ids=[])
+    calls = iter(range(100))
+
+    def complete(ids, params, budgets):
+        seeded = dataclasses.replace(params, seed=next(calls))
+        return ray.get(actor.generate.remote(ids, seeded, budgets))
+
+    tree = TreeConfig(enabled=True, branching=2, segment_tokens=2)
+    groups = sample_tree(prompts, sampling, tree, complete)
+    flat = [c for g in groups for c in g]
+    assert [len(g) for g in groups] == [4, 4]
+    for group in groups:
+        by_node: dict[int, set] = {}
+        for c in group:
+            assert len(c.token_ids) == len(c.logprobs) == sum(n for _, n in c.segments)
+            start = 0
+            for node, n in c.segments:
+                by_node.setdefault(node, set()).add(tuple(c.token_ids[start : start + n]))
+                start += n
+        assert all(len(tokens) == 1 for tokens in by_node.values())  # one segment per node
+        assert generated_tokens(RolloutGroup(None, [_sample(c) for c in group])) < sum(
+            len(c.token_ids) for c in group
+        )
+    batch = pack(
+        [p for p in prompts for _ in range(4)],
+        [c.token_ids for c in flat],
+        tok.pad_token_id,
+        [c.logprobs for c in flat],
+    )
+    with torch.no_grad():
+        logp, _ = token_logprobs(
+            load_model(tiny_model_dir),
+            torch.from_numpy(batch.input_ids),
+            torch.from_numpy(batch.attention_mask),
+            temperature=0.7,
+        )
+    mask = batch.loss_mask > 0
+    np.testing.assert_allclose(logp.numpy()[mask], batch.behaviour_logprobs[mask], atol=2e-3)
+
+
+def _sample(completion: Completion) -> Sample:
+    return Sample(Prompt(0, "", ""), [], completion, "")
 
 
 def test_seeds_reproduce_and_samples_differ(worker, tiny_model_dir):

@@ -151,6 +151,7 @@ def test_the_builtin_estimators_are_registered_with_their_traits():
         "reinforce_pp_baseline",
         "remax",
         "rloo",
+        "treepo",
     ]
     assert ADVANTAGES.names(group=True) == [
         "dr_grpo",
@@ -160,9 +161,11 @@ def test_the_builtin_estimators_are_registered_with_their_traits():
         "pass_at_k",
         "reinforce_pp_baseline",
         "rloo",
+        "treepo",
     ]
     assert ADVANTAGES.names(needs_critic=True) == ["gae"]
     assert ADVANTAGES.names(greedy_baseline=True) == ["remax"]
+    assert ADVANTAGES.names(tree=True) == ["treepo"]
 
 
 def test_outcome_estimators_add_the_kl_penalty_reward_to_go():

@@ -56,13 +56,19 @@ from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.faults import nonfinite_streak
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
+from rlsys.pipeline.tree import tree_paths
 from rlsys.pools import Pools
 from rlsys.replay import ReplayStore
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
-from rlsys.trainers.rl.sample_metrics import episode_metrics, reward_component_metrics, sample_rows
+from rlsys.trainers.rl.sample_metrics import (
+    episode_metrics,
+    reward_component_metrics,
+    sample_rows,
+    tree_metrics,
+)
 from rlsys.trainers.rl.scale_requests import ScalePlan
 from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
@@ -208,6 +214,7 @@ class Controller:
             # late-bound: Recovery is built on the state these parts go into
             replace_worker=lambda worker, exc: self.recovery.replace_rollout_worker(worker, exc),
             episodes=self.collector.episodes,
+            tree=cfg.rollout.tree if cfg.rollout.tree.enabled else None,
         )
         scoring = ScoringSide(
             self.collector.score,
@@ -277,7 +284,9 @@ class Controller:
                     if self.pools.critic is not None:
                         with timer("critic_values"):
                             batch.values = self.pools.critic.forward_values(batch)
-                    adv = self.recipe.advantages(batch, token_kl, self._greedy_baseline(kept))
+                    adv = self.recipe.advantages(
+                        batch, token_kl, self._greedy_baseline(kept), tree_paths(kept)
+                    )
                     batch.advantages, batch.returns = adv.advantages, adv.returns
                     update, moved = self._update(step, batch, token_kl, timer)
                 metrics.update(update)
@@ -567,6 +576,7 @@ class Controller:
                     ),
                     **reward_component_metrics(samples),
                     **episode_metrics(samples),
+                    **tree_metrics(groups),
                 }
             )
         return out

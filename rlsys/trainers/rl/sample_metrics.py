@@ -1,10 +1,11 @@
-"""Per-step metrics of scored samples beyond the basics: reward components and multi-turn
-episodes (the controller logs them with its rollout metrics); rows of the sample tables."""
+"""Per-step metrics of scored samples beyond the basics: reward components, multi-turn
+episodes and tree rollouts' token savings (the controller logs them with its rollout metrics); rows of the sample tables."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from rlsys.pipeline.tree import generated_tokens
 from rlsys.types import RolloutGroup, Sample
 
 
@@ -33,6 +34,16 @@ def episode_metrics(samples: list[Sample]) -> dict[str, float]:
         "env/reward": float(np.mean([e.reward for e in episodes])),
         "env/model_token_frac": trained / total if total else 0.0,
     }
+
+
+def tree_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """``rollout/tokens_saved_frac``: 1 - tokens the engines generated for ``groups`` / the
+    tokens a flat group of the same replies would have generated (tree rollouts only)."""
+    if not any(s.completion.segments for g in groups for s in g.samples):
+        return {}
+    flat = sum(len(s.completion.token_ids) for g in groups for s in g.samples)
+    generated = sum(generated_tokens(g) for g in groups)
+    return {"rollout/tokens_saved_frac": 1.0 - generated / flat if flat else 0.0}
 
 
 def sample_rows(groups: list[RolloutGroup], rows: int) -> list[dict]:
