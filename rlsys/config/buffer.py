@@ -27,8 +27,10 @@ class ReplayConfig:
     # fewer are kept); must be below rollout.n_samples.
     per_group: int = 1
     # A kept sample older than this many policy versions is forgotten: the correction cannot
-    # make up for an arbitrarily old behaviour policy.
-    max_age: int = 8
+    # make up for an arbitrarily old behaviour policy. A prompt comes back after an epoch
+    # (train prompts / data.batch_size steps with the uniform sampler): below that, nothing
+    # kept is ever replayed.
+    max_age: int = 64
     max_prompts: int = 4096  # prompts with kept samples; the least recently updated go first
 
     def check(self) -> None:
