@@ -13,7 +13,7 @@ SAMPLERS = ("uniform", "curriculum")
 @dataclass
 class CurriculumConfig:
     """``data.curriculum``: how ``data.sampler=curriculum`` estimates pass rates and picks
-    prompts (rlsys/data/curriculum.py; docs/curriculum.md)."""
+    prompts (rlsys/data/curriculum.py; docs/sampling.md)."""
 
     # A prompt metadata key whose value groups prompts that share a pass-rate estimate (e.g.
     # "level" of the built-in arithmetic task, or a difficulty column of a dataset). null:
