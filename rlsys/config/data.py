@@ -8,6 +8,7 @@ from rlsys.config.checks import one_of, positive
 from rlsys.config.errors import ConfigError
 
 SAMPLERS = ("uniform", "curriculum")
+SCORES = ("pass_rate", "mixed_rate")
 
 
 @dataclass
@@ -28,6 +29,11 @@ class CurriculumConfig:
     # Fraction of each draw made uniformly over all prompts, so no prompt is starved by an
     # estimate that has gone stale.
     uniform_mix: float = 0.1
+    # What a prompt's draw weight estimates. pass_rate: a Beta posterior of the pass rate p,
+    # weight 1 - p^n - (1-p)^n (the chance of a mixed group if samples were independent);
+    # mixed_rate: a Beta posterior of the share of its groups that came back mixed, measured
+    # directly (prompts of one bucket that are all right or all wrong count as such).
+    score: str = "pass_rate"
 
     def check(self) -> None:
         if self.bucket_key is not None and not self.bucket_key.strip():
@@ -46,6 +52,7 @@ class CurriculumConfig:
             )
         if not 0 <= self.uniform_mix <= 1:
             raise ConfigError(f"data.curriculum.uniform_mix={self.uniform_mix} must be in [0, 1]")
+        one_of("data.curriculum.score", self.score, SCORES)
 
 
 @dataclass

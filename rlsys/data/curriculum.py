@@ -65,10 +65,12 @@ class CurriculumSampler:
         self._index_of_uid = {p.uid: i for i, p in enumerate(prompts)}
         self.right = np.zeros(len(self.bucket_names))  # faded counts of correct samples
         self.wrong = np.zeros(len(self.bucket_names))
-        # With buckets, each prompt's own evidence too (its bucket's estimate is the prior)
+        self.mixed = np.zeros(len(self.bucket_names))  # faded counts of mixed groups
+        self.uniform = np.zeros(len(self.bucket_names))  # ... and of all-equal ones
+        # With buckets, each prompt's own evidence too (its bucket's estimate is the prior):
+        # rows right, wrong, mixed, uniform
         per_prompt = cfg.bucket_key is not None and cfg.prompt_prior_samples is not None
-        self.prompt_right = np.zeros(len(prompts)) if per_prompt else None
-        self.prompt_wrong = np.zeros(len(prompts)) if per_prompt else None
+        self.prompt_counts = np.zeros((4, len(prompts))) if per_prompt else None
         self.draws = 0  # batches drawn: the random stream of the next one
         self._keep = 1.0 - 1.0 / cfg.memory_groups  # weight of older evidence per new group
         self._lock = threading.Lock()
@@ -79,29 +81,36 @@ class CurriculumSampler:
         with self._lock:
             rng = np.random.default_rng([self.seed, self.draws])
             self.draws += 1
-            p = rng.beta(PRIOR + self.right, PRIOR + self.wrong)[self.bucket_of]
-            if self.prompt_right is not None:
-                self._with_prompt_evidence(p, rng)
-        weight = 1.0 - p**self.n - (1.0 - p) ** self.n
+            if self.cfg.score == "mixed_rate":
+                weight = self._drawn_rate(rng, self.mixed, self.uniform, 2)
+            else:
+                p = self._drawn_rate(rng, self.right, self.wrong, 0)
+                weight = 1.0 - p**self.n - (1.0 - p) ** self.n
         probs = (1.0 - self.cfg.uniform_mix) * weight / weight.sum()
         probs += self.cfg.uniform_mix / len(self.prompts)
         picked = rng.choice(len(self.prompts), size=size, replace=False, p=probs / probs.sum())
         return [self.prompts[i] for i in picked]
 
-    def _with_prompt_evidence(self, p: np.ndarray, rng: np.random.Generator) -> None:
-        """Replace, for every prompt seen before, its bucket's drawn pass rate ``p`` with a
-        draw from the prompt's own posterior, whose prior is the bucket's rate worth
-        ``prompt_prior_samples`` samples (a prompt's groups often sit at 0 or n right while its
-        bucket's average does not)."""
-        seen = np.flatnonzero(self.prompt_right + self.prompt_wrong > 0)
-        if not seen.size:
-            return
-        strength = self.cfg.prompt_prior_samples
-        bucket_rate = p[seen]
-        p[seen] = rng.beta(
-            strength * bucket_rate + self.prompt_right[seen] + 1e-3,
-            strength * (1.0 - bucket_rate) + self.prompt_wrong[seen] + 1e-3,
-        )
+    def _drawn_rate(
+        self, rng: np.random.Generator, hits: np.ndarray, misses: np.ndarray, row: int
+    ) -> np.ndarray:
+        """A Thompson draw of a rate per prompt: from its bucket's Beta posterior of
+        (``hits``, ``misses``), and for every prompt seen before from its own posterior
+        (rows ``row``, ``row + 1`` of ``prompt_counts``), whose prior is the bucket's draw worth
+        ``prompt_prior_samples`` observations (a prompt's groups often sit at 0 or n right while
+        its bucket's average does not)."""
+        rate = rng.beta(PRIOR + hits, PRIOR + misses)[self.bucket_of]
+        if self.prompt_counts is None:
+            return rate
+        own_hits, own_misses = self.prompt_counts[row], self.prompt_counts[row + 1]
+        seen = np.flatnonzero(own_hits + own_misses > 0)
+        if seen.size:
+            strength, prior = self.cfg.prompt_prior_samples, rate[seen]
+            rate[seen] = rng.beta(
+                strength * prior + own_hits[seen] + 1e-3,
+                strength * (1.0 - prior) + own_misses[seen] + 1e-3,
+            )
+        return rate
 
     def observe(self, groups: list[RolloutGroup]) -> None:
         """Fold scored groups into their buckets' estimates (a sample counts as right when
@@ -115,13 +124,15 @@ class CurriculumSampler:
         with self._lock:
             for prompt, right, total in rows:
                 bucket = self.bucket_of[prompt]
-                self.right[bucket] = self._keep * self.right[bucket] + right
-                self.wrong[bucket] = self._keep * self.wrong[bucket] + total - right
-                if self.prompt_right is not None:
-                    kept_right = self._keep * self.prompt_right[prompt]
-                    self.prompt_right[prompt] = kept_right + right
-                    kept_wrong = self._keep * self.prompt_wrong[prompt]
-                    self.prompt_wrong[prompt] = kept_wrong + total - right
+                mixed = float(0 < right < total)
+                seen = np.array([right, total - right, mixed, 1.0 - mixed])
+                for counts, value in zip(
+                    (self.right, self.wrong, self.mixed, self.uniform), seen, strict=True
+                ):
+                    counts[bucket] = self._keep * counts[bucket] + value
+                if self.prompt_counts is not None:
+                    own = self.prompt_counts[:, prompt]
+                    self.prompt_counts[:, prompt] = self._keep * own + seen
 
     def metrics(self) -> dict[str, float]:
         """The spread of estimated pass rates over the prompts whose bucket has evidence."""
@@ -145,11 +156,13 @@ class CurriculumSampler:
                 "buckets": list(self.bucket_names),
                 "right": self.right.tolist(),
                 "wrong": self.wrong.tolist(),
+                "mixed": self.mixed.tolist(),
+                "uniform": self.uniform.tolist(),
             }
-            if self.prompt_right is not None:  # only the prompts seen: most are not, early on
-                seen = np.flatnonzero(self.prompt_right + self.prompt_wrong > 0)
+            if self.prompt_counts is not None:  # only the prompts seen: most are not, early on
+                seen = np.flatnonzero(self.prompt_counts[0] + self.prompt_counts[1] > 0)
                 state["prompts"] = {
-                    str(i): [self.prompt_right[i], self.prompt_wrong[i]] for i in seen.tolist()
+                    str(i): self.prompt_counts[:, i].tolist() for i in seen.tolist()
                 }
             return state
 
@@ -168,10 +181,13 @@ class CurriculumSampler:
             self.draws = state["draws"]
             self.right = np.asarray(state["right"], dtype=float)
             self.wrong = np.asarray(state["wrong"], dtype=float)
-            if self.prompt_right is not None:
-                self.prompt_right[:], self.prompt_wrong[:] = 0.0, 0.0
-                for index, (right, wrong) in state.get("prompts", {}).items():
-                    self.prompt_right[int(index)], self.prompt_wrong[int(index)] = right, wrong
+            zeros = [0.0] * len(self.bucket_names)  # checkpoints before the mixed-rate score
+            self.mixed = np.asarray(state.get("mixed", zeros), dtype=float)
+            self.uniform = np.asarray(state.get("uniform", zeros), dtype=float)
+            if self.prompt_counts is not None:
+                self.prompt_counts[:] = 0.0
+                for index, counts in state.get("prompts", {}).items():
+                    self.prompt_counts[: len(counts), int(index)] = counts
 
 
 def _buckets(prompts: list[Prompt], key: str | None) -> tuple[list[str], np.ndarray]:

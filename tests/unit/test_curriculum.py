@@ -194,4 +194,31 @@ def test_within_a_bucket_each_prompt_seen_before_goes_by_its_own_groups():
         CurriculumConfig(bucket_key="level", uniform_mix=0.0, prompt_prior_samples=None),
         seed=0,
     )
-    assert flat.prompt_right is None and "prompts" not in flat.state_dict()
+    assert flat.prompt_counts is None and "prompts" not in flat.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("score", "low_share"), [("pass_rate", (0.3, 0.5)), ("mixed_rate", (0.75, 1))]
+)
+def test_the_mixed_rate_score_sees_a_bucket_whose_prompts_are_all_or_nothing(score, low_share):
+    """Bucket "split": half its prompts always right, half always wrong (pass rate 0.5, no
+    group ever mixed); bucket "low": every prompt right once in 4 (pass rate 0.25, every
+    group mixed). The pass-rate score prefers "split" (1 - p^4 - (1-p)^4: 0.88 against 0.68,
+    so "low" gets about 44% of the draws), the mixed-rate score "low"."""
+    prompts = [
+        Prompt(uid=b * 40 + i, text="", answer="", meta={"level": name})
+        for b, name in enumerate(["split", "low"])
+        for i in range(40)
+    ]
+    sampler = _sampler(prompts, uniform_mix=0.0, prompt_prior_samples=None, score=score)
+    right = {"split": lambda p: N * (p.uid % 2), "low": lambda p: 1}
+    for _ in range(4):
+        sampler.observe([_group(p, right[p.meta["level"]](p)) for p in prompts])
+    drawn = Counter()
+    for _ in range(40):
+        drawn += _levels(sampler.next_batch())
+    assert low_share[0] < drawn["low"] / sum(drawn.values()) < low_share[1], drawn
+    state = json.loads(json.dumps(sampler.state_dict()))
+    resumed = _sampler(prompts, uniform_mix=0.0, prompt_prior_samples=None, score=score)
+    resumed.load_state_dict(state)
+    assert [p.uid for p in resumed.next_batch()] == [p.uid for p in sampler.next_batch()]
