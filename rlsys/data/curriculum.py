@@ -9,7 +9,9 @@ filter (DAPO's dynamic sampling) throws their groups away after paying for their
 metadata value such as a difficulty level, or each prompt on its own), updated from every
 scored group, and draws prompts in proportion to their bucket's probability of an informative
 group, ``1 - p**n - (1-p)**n``, with ``p`` drawn from the posterior (Thompson sampling, so a
-bucket with little evidence still gets tried).
+bucket with little evidence still gets tried). With ``score=mixed_rate`` the posterior is of
+that probability itself, counted from the groups (mixed or not), which sees a bucket whose
+prompts are each all right or all wrong for what it is.
 
 Among the papers issue 26 names this is closest to VADE (a Beta posterior of each prompt's
 pass rate, Thompson-sampled, favouring prompts whose groups have reward variance). Departures:
