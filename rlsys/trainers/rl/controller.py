@@ -32,7 +32,6 @@ this step's training (one-step-off); more is fully asynchronous.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import math
@@ -63,6 +62,7 @@ from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
+from rlsys.trainers.rl.run_summary import run_summary
 from rlsys.trainers.rl.sample_metrics import (
     episode_metrics,
     reward_component_metrics,
@@ -468,7 +468,16 @@ class Controller:
         accounting = self.state.buffer.accounting()
         if not accounting["balanced"]:
             log.error("sample accounting does not balance (a bug; please report): %s", accounting)
-        return self._summary(self.state.elapsed(), accounting)
+        return run_summary(
+            self.cfg,
+            self.state,
+            len(self.task.eval),
+            self.collector,
+            self.recovery,
+            self.preempt.is_set(),
+            self.state.elapsed(),
+            accounting,
+        )
 
     def _train_loop(self) -> None:
         trainer, every = self.cfg.trainer, self.cfg.checkpoint.every
@@ -580,43 +589,6 @@ class Controller:
                 }
             )
         return out
-
-    def _summary(self, wall: float, accounting: dict) -> dict:
-        train_wall = wall - self.state.totals.eval_s
-        trained = accounting["samples_trained"]
-        return {
-            "steps": self.state.totals.steps,
-            "wall_s": wall,
-            "train_wall_s": train_wall,  # wall_s less evaluation
-            "samples": self.state.totals.samples,
-            "samples_per_s": self.state.totals.samples / train_wall if train_wall else 0.0,
-            "trained_samples_per_s": trained / train_wall if train_wall else 0.0,
-            "tokens_per_s": self.state.totals.response_tokens / train_wall if train_wall else 0.0,
-            "max_staleness": self.cfg.buffer.max_staleness,
-            "eval_accuracy_before": self.state.totals.accuracy_before,
-            "eval_accuracy_after": self.state.totals.eval_history[-1]["eval/accuracy"],
-            "eval_num_prompts": min(self.cfg.eval.num_prompts, len(self.task.eval)),
-            "eval_history": [
-                {"step": e["step"], "accuracy": e["eval/accuracy"]}
-                for e in self.state.totals.eval_history
-            ],
-            "accounting": accounting,
-            "samples_dropped_filtered": self.state.buffer.stats.dropped_filtered,
-            "samples_dropped_stale": self.state.buffer.stats.dropped_stale,
-            "samples_continued": self.state.pipeline.samples_continued,
-            # ReMax: one greedy reply per issued prompt, generated but never trained on
-            "baseline_replies": accounting["samples_issued"] // self.cfg.rollout.n_samples
-            if ADVANTAGES.trait(self.cfg.algorithm.advantage, "greedy_baseline")
-            else 0,
-            "reward_errors": self.collector.reward_errors,
-            "prompts_skipped_too_long": self.collector.skipped_prompts,
-            "policy_version": self.state.version,
-            "preempted": self.preempt.is_set(),
-            "last_checkpoint": str(self.recovery.last_saved) if self.recovery.last_saved else None,
-            "restarts": dataclasses.asdict(self.recovery.restarts),
-            "nonfinite_steps": self.state.totals.nonfinite_steps,
-            "scale_events": self.state.totals.scale_events,
-        }
 
 
 def save_final_policy(pools: Pools, run_dir: Path) -> Path:
