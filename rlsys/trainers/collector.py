@@ -226,8 +226,8 @@ class RolloutCollector:
         )
         samples = [g.samples[0] for g in groups]
         by_value: dict[str, list[bool]] = {}
-        for s in samples if group_by is not None else []:
-            if group_by in s.prompt.meta:
+        for s in samples:
+            if group_by is not None and group_by in s.prompt.meta:
                 by_value.setdefault(str(s.prompt.meta[group_by]), []).append(s.correct)
         return EvalResult(
             accuracy=float(np.mean([s.correct for s in samples])) if samples else 0.0,
