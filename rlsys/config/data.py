@@ -34,6 +34,9 @@ class CurriculumConfig:
     # mixed_rate: a Beta posterior of the share of its groups that came back mixed, measured
     # directly (prompts of one bucket that are all right or all wrong count as such).
     score: str = "pass_rate"
+    # Draw weight = score ** sharpness: 1 draws in proportion to the chance of a mixed group;
+    # larger values concentrate the draw on the prompts most likely to give one.
+    sharpness: float = 1.0
 
     def check(self) -> None:
         if self.bucket_key is not None and not self.bucket_key.strip():
@@ -53,6 +56,11 @@ class CurriculumConfig:
         if not 0 <= self.uniform_mix <= 1:
             raise ConfigError(f"data.curriculum.uniform_mix={self.uniform_mix} must be in [0, 1]")
         one_of("data.curriculum.score", self.score, SCORES)
+        if not 0 < self.sharpness <= 16:
+            raise ConfigError(
+                f"data.curriculum.sharpness={self.sharpness} must be in (0, 16] (1: draw in "
+                "proportion to the chance of a mixed group; larger: favour the likeliest prompts)"
+            )
 
 
 @dataclass

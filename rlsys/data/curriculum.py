@@ -88,6 +88,7 @@ class CurriculumSampler:
             else:
                 p = self._drawn_rate(rng, self.right, self.wrong, 0)
                 weight = 1.0 - p**self.n - (1.0 - p) ** self.n
+        weight = weight**self.cfg.sharpness
         probs = (1.0 - self.cfg.uniform_mix) * weight / weight.sum()
         probs += self.cfg.uniform_mix / len(self.prompts)
         picked = rng.choice(len(self.prompts), size=size, replace=False, p=probs / probs.sum())

@@ -84,6 +84,25 @@ def test_the_uniform_mix_keeps_drawing_buckets_the_estimate_rules_out():
     assert drawn["easy"] > 30 and drawn["hard"] > 30, drawn
 
 
+def test_sharpness_concentrates_the_draw_on_the_likeliest_mixed_bucket():
+    # easy: 3 of 4 right (a mixed group ~0.68 of the time), mid: 2 of 4 (~0.88), hard: none
+    right = {"easy": N - 1, "hard": 0, "mid": N // 2}
+    prompts = _prompts()
+    shares = {}
+    for sharpness in (1.0, 4.0):
+        sampler = _sampler(prompts, uniform_mix=0.0, sharpness=sharpness, memory_groups=64)
+        for _ in range(8):
+            sampler.observe([_group(p, right[p.meta["level"]]) for p in prompts[::5]])
+        drawn = Counter()
+        for _ in range(40):
+            drawn += _levels(sampler.next_batch())
+        shares[sharpness] = drawn["mid"] / sum(drawn.values())
+        assert drawn["hard"] < 0.05 * sum(drawn.values()), (sharpness, drawn)
+    assert shares[4.0] > shares[1.0] + 0.05, shares
+    with pytest.raises(ConfigError, match="data.curriculum.sharpness"):
+        DataConfig(curriculum=CurriculumConfig(sharpness=0))
+
+
 def test_old_evidence_fades_so_the_estimate_follows_the_policy():
     prompts = _prompts()
     sampler = _sampler(prompts, memory_groups=4)
