@@ -30,9 +30,11 @@ class EnvConfig:
     # a step still running after this long answers the model with a tool error and ends its
     # trajectory (its thread is abandoned); null: no limit
     step_timeout_s: float | None = 60.0
-    # async: when no generation call is in flight and a tool returns, how long its
-    # trajectory waits for tools still running so their next turns share one call (0: at once)
-    batch_wait_s: float = 0.02
+    # async: once a tool has returned and no generation call is in flight, how long its
+    # trajectory waits at most for the tools still running, so their next turns share one
+    # call (0: at once); null: as long as the request's last generation call took (sending
+    # without them would cost another call about as long), at least 10 ms
+    batch_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         positive("task.env.max_turns", self.max_turns)
@@ -43,4 +45,5 @@ class EnvConfig:
         positive("task.env.max_concurrent_steps", self.max_concurrent_steps)
         if self.step_timeout_s is not None:
             positive("task.env.step_timeout_s", self.step_timeout_s)
-        non_negative("task.env.batch_wait_s", self.batch_wait_s)
+        if self.batch_wait_s is not None:
+            non_negative("task.env.batch_wait_s", self.batch_wait_s)

@@ -5,7 +5,8 @@ Every model turn is a tool call that sleeps ``latency_s`` plus a uniform jitter 
 trajectory's place among the prompt's, so two runs over the same prompts see the same
 latencies turn by turn, whatever order the turns are scheduled in) and answers `` ok``; the
 trajectory ends after ``turns`` steps (or earlier, when the model ends its reply). Reward 0:
-it measures time, not skill (``scripts/bench_tools.py``).
+it measures time, not skill (``scripts/bench_tools.py``). A straggler (probability
+``tail_p``) takes ``tail_s`` instead.
 """
 
 from __future__ import annotations
@@ -22,27 +23,39 @@ from rlsys.types import Prompt
 class LatencyEpisode:
     """One trajectory's slow tool."""
 
-    def __init__(self, rng: random.Random, latency_s: float, jitter_s: float, turns: int):
-        self.rng, self.latency_s, self.jitter_s, self.turns = rng, latency_s, jitter_s, turns
+    def __init__(self, rng: random.Random, factory: Latency) -> None:
+        self.rng, self.factory = rng, factory
         self.steps = 0
 
     def step(self, action: str) -> StepResult:
-        time.sleep(max(0.0, self.latency_s + self.rng.uniform(-self.jitter_s, self.jitter_s)))
+        f = self.factory
+        latency = f.latency_s + self.rng.uniform(-f.jitter_s, f.jitter_s)
+        if self.rng.random() < f.tail_p:  # a straggler
+            latency = f.tail_s
+        time.sleep(max(0.0, latency))
         self.steps += 1
-        if self.steps >= self.turns:
+        if self.steps >= f.turns:
             return StepResult(done=True, tool_call=True)
         return StepResult(" ok\n", tool_call=True)
 
 
 class Latency:
-    """Makes latency episodes (defaults: 0.2 s +- 0.05 s, 3 steps)."""
+    """Makes latency episodes (defaults: 0.2 s +- 0.05 s, 3 steps); with ``tail_p`` > 0 a
+    step is a straggler taking ``tail_s`` with that probability."""
 
     stop = ["\n"]  # one call per line
 
     def __init__(
-        self, latency_s: float = 0.2, jitter_s: float = 0.05, turns: int = 3, seed: int = 0
+        self,
+        latency_s: float = 0.2,
+        jitter_s: float = 0.05,
+        turns: int = 3,
+        seed: int = 0,
+        tail_p: float = 0.0,
+        tail_s: float = 0.0,
     ) -> None:
         self.latency_s, self.jitter_s, self.turns, self.seed = latency_s, jitter_s, turns, seed
+        self.tail_p, self.tail_s = tail_p, tail_s
         self._made: collections.Counter = collections.Counter()  # episodes made per prompt
         self._lock = threading.Lock()  # rollout loops make episodes from several threads
 
@@ -50,7 +63,7 @@ class Latency:
         with self._lock:
             self._made[prompt.uid] += 1
             stream = f"{self.seed}/{prompt.uid}/{self._made[prompt.uid]}"
-        return LatencyEpisode(random.Random(stream), self.latency_s, self.jitter_s, self.turns)
+        return LatencyEpisode(random.Random(stream), self)
 
     def demonstration(self, prompt: Prompt) -> list[tuple[str, bool]]:
         return [

@@ -32,6 +32,7 @@ from rlsys.envs.steps import StepOutcome, StepRunner
 from rlsys.types import Completion, Episode, Prompt, SamplingParams
 
 log = logging.getLogger(__name__)
+MIN_BATCH_WAIT_S = 0.01  # covers the threads' wake-up jitter: steps done together batch
 # (prompt ids, sampling, per-prompt budgets) -> completions per prompt; None: the run ends
 Complete = Callable[
     [list[list[int]], SamplingParams, list[int] | None], list[list[Completion]] | None
@@ -95,9 +96,11 @@ class EpisodeRunner:
             stop=list(dict.fromkeys([*sampling.stop, *self.stop])),
             max_new_tokens=min(turn_tokens, total),
         )
+        began = time.monotonic()
         first = complete(prompt_ids, turn, None)
         if first is None:
             return None
+        calls = [(began, time.monotonic())]  # this request's generation calls, in time
         trajectories = [
             [_Trajectory(self.factory(p), ids, total) for _ in group]
             for p, ids, group in zip(prompts, prompt_ids, first, strict=True)
@@ -109,7 +112,7 @@ class EpisodeRunner:
         ]
         ends = self.end_ids | set(sampling.stop_token_ids)
         schedule = self._async if self.cfg.scheduling == "async" else self._lockstep
-        if not schedule(turns, dataclasses.replace(turn, n=1), ends, complete):
+        if not schedule(turns, dataclasses.replace(turn, n=1), ends, complete, calls):
             return None
         return [[t.completion() for t in row] for row in trajectories]
 
@@ -119,9 +122,10 @@ class EpisodeRunner:
         single: SamplingParams,
         ends: set[int],
         complete: Complete,
+        calls: list[tuple[float, float]],
     ) -> bool:
         """All live trajectories' steps, then one call for all their next turns; False if
-        the run ended first."""
+        the run ended first. (No step overlaps a call: ``calls`` goes unused.)"""
         while turns:
             done: queue.Queue = queue.Queue()
             for key, (t, c) in enumerate(turns):
@@ -150,13 +154,13 @@ class EpisodeRunner:
         single: SamplingParams,
         ends: set[int],
         complete: Complete,
+        calls: list[tuple[float, float]],
     ) -> bool:
         """Each trajectory's step starts as soon as its turn is generated, and its next turn
         goes out with the next call after its step returned; False if the run ended first."""
         done: queue.Queue = queue.Queue()
         keys = itertools.count()
         stepping: dict[int, tuple[_Trajectory, Completion]] = {}
-        calls: list[tuple[float, float]] = []  # this request's generation calls, in time
         while True:
             for t, c in turns:
                 key = next(keys)
@@ -188,7 +192,11 @@ class EpisodeRunner:
     ) -> list[_Trajectory]:
         """The trajectories whose steps returned and which go on: blocks for the first step
         to return, then takes every other one that returns within ``task.env.batch_wait_s``
-        of it (at once for those that returned while the last call ran)."""
+        of it, or of the last call's end if it returned while that call ran (null: the
+        last call's duration, at least ``MIN_BATCH_WAIT_S``)."""
+        wait = self.cfg.batch_wait_s
+        if wait is None:
+            wait = max(MIN_BATCH_WAIT_S, calls[-1][1] - calls[-1][0])
         ready: list[tuple[int, _Trajectory]] = []
         deadline = None
         while stepping:
@@ -202,7 +210,9 @@ class EpisodeRunner:
             t, c = stepping.pop(outcome.key)
             if self._take_step(t, c, outcome, ends, calls):
                 ready.append((outcome.key, t))
-            last = outcome.ended + self.cfg.batch_wait_s
+            # the clock starts when both the step and the engine are done (ski rental: wait
+            # at most about what sending without the others would cost, one more call)
+            last = max(outcome.ended, calls[-1][1]) + wait
             deadline = last if deadline is None else min(deadline, last)
         return [t for _, t in sorted(ready, key=lambda r: r[0])]  # in the order steps began
 
