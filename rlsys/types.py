@@ -45,6 +45,9 @@ class Episode:
     tool_calls: int = 0  # well-formed tool calls answered
     tool_errors: int = 0  # malformed calls or tools that failed
     truncated: bool = False  # ended by rollout.env.max_turns or max_total_tokens
+    tool_s: float = 0.0  # seconds its environment steps ran, summed over its turns
+    tool_overlap_s: float = 0.0  # of those, seconds a generation call ran at the same time
+    tool_timeouts: int = 0  # steps past task.env.step_timeout_s (also in tool_errors)
 
 
 @dataclass

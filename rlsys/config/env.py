@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlsys.config.checks import positive
+from rlsys.config.checks import non_negative, one_of, positive
+
+SCHEDULING = ("async", "lockstep")
 
 
 @dataclass
@@ -12,15 +14,36 @@ class EnvConfig:
     """``task.env``: the environment a rollout talks to between model turns (null name:
     single-turn, the model answers once)."""
 
-    name: str | None = None  # a registered environment: calculator | guess_number
+    name: str | None = None  # a registered environment: calculator | guess_number | latency
     max_turns: int = 4  # model turns per trajectory; then it ends (truncated)
     # Response tokens over all turns, observations included (the model's turn gets what is
     # left, at most task.max_new_tokens); null: task.max_new_tokens x max_turns.
     max_total_tokens: int | None = None
     max_observation_tokens: int = 64  # a longer observation or tool result is cut to this
+    # async: each trajectory's next turn goes out as soon as its tool returns (batched per
+    # generation call); lockstep: one call for every live trajectory's next turn, after all
+    # of their tools returned
+    scheduling: str = "async"
+    # environment steps (tool calls) running at once, over all trajectories of this driver
+    # (1 with lockstep: one after the other, as before asynchronous turns)
+    max_concurrent_steps: int = 16
+    # a step still running after this long answers the model with a tool error and ends its
+    # trajectory (its thread is abandoned); null: no limit
+    step_timeout_s: float | None = 60.0
+    # async: once a tool has returned and no generation call is in flight, how long its
+    # trajectory waits at most for the tools still running, so their next turns share one
+    # call (0: at once); null: as long as the request's last generation call took (sending
+    # without them would cost another call about as long), at least 10 ms
+    batch_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         positive("task.env.max_turns", self.max_turns)
         positive("task.env.max_observation_tokens", self.max_observation_tokens)
         if self.max_total_tokens is not None:
             positive("task.env.max_total_tokens", self.max_total_tokens)
+        one_of("task.env.scheduling", self.scheduling, SCHEDULING)
+        positive("task.env.max_concurrent_steps", self.max_concurrent_steps)
+        if self.step_timeout_s is not None:
+            positive("task.env.step_timeout_s", self.step_timeout_s)
+        if self.batch_wait_s is not None:
+            non_negative("task.env.batch_wait_s", self.batch_wait_s)

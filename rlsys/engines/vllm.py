@@ -68,6 +68,7 @@ class VLLMEngine:
         self.version = 0
         self._aborting = threading.Event()
         self._next_id = 0
+        self.cached_prompt_tokens = 0  # prompt tokens whose KV came from the prefix cache
         if vcfg.warmup:
             self.generate([[0] * 4], SamplingParams(n=2, max_new_tokens=4, seed=0))
 
@@ -113,6 +114,7 @@ class VLLMEngine:
         tokens: list[list[int]] = [[] for _ in keys]
         logprobs: list[list[float]] = [[] for _ in keys]
         reasons = ["abort"] * len(keys)
+        cached = [0] * len(keys)  # per request: prompt tokens the prefix cache served
         pending = set(keys)
         while pending:
             if self._aborting.is_set():
@@ -121,6 +123,7 @@ class VLLMEngine:
             for output in self.engine.step():
                 flat = keys[output.request_id]
                 delta = output.outputs[0]
+                cached[flat] = max(cached[flat], output.num_cached_tokens or 0)
                 tokens[flat].extend(delta.token_ids)
                 logprobs[flat].extend(
                     next(iter(entry.values())).logprob for entry in delta.logprobs or []
@@ -128,6 +131,7 @@ class VLLMEngine:
                 if output.finished:
                     reasons[flat] = "length" if delta.finish_reason == "length" else "stop"
                     pending.discard(output.request_id)
+        self.cached_prompt_tokens += sum(cached)
         completions = [
             Completion(t, lp, reason, self.version)
             for t, lp, reason in zip(tokens, logprobs, reasons, strict=True)

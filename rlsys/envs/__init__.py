@@ -4,6 +4,7 @@ rollout that alternates model turns with observations, and the built-in environm
 from rlsys.envs.base import Environment, EnvironmentFactory, StepResult
 from rlsys.envs.calculator import Calculator
 from rlsys.envs.guess_number import GuessNumber
+from rlsys.envs.latency import Latency
 from rlsys.envs.rollout import EpisodeRunner
 from rlsys.registry import Registry
 
@@ -11,5 +12,6 @@ from rlsys.registry import Registry
 ENVS: Registry[type[EnvironmentFactory]] = Registry("environment", "task.env.name")
 ENVS.register("calculator")(Calculator)
 ENVS.register("guess_number")(GuessNumber)
+ENVS.register("latency")(Latency)
 
 __all__ = ["ENVS", "Environment", "EnvironmentFactory", "EpisodeRunner", "StepResult"]

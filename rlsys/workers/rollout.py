@@ -91,6 +91,11 @@ class RolloutWorker:
     def version(self) -> int:
         return self.engine.version
 
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens so far whose KV the engine took from its prefix cache (vLLM with
+        ``rollout.vllm.enable_prefix_caching``; the HF engine prefills every prompt: 0)."""
+        return getattr(self.engine, "cached_prompt_tokens", 0)
+
     def node_id(self) -> str:
         """The Ray node this worker runs on."""
         return ray.get_runtime_context().get_node_id()

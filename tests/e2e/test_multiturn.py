@@ -37,6 +37,36 @@ def test_guess_number_trains_on_multi_turn_trajectories(run_controller):
             assert math.isfinite(record[key])
 
 
+@pytest.mark.long  # about 85 s here; the test above already runs async turns (the default)
+def test_async_turns_with_staleness_and_partial_rollouts(run_controller):
+    # per-trajectory turns (task.env.scheduling=async, the default) with a one-step-off
+    # learner and partial rollouts: the gate may abort a turn mid-request
+    summary, steps = run_controller(
+        [
+            "task=guess_number",
+            "task.env.scheduling=async",
+            "buffer.max_staleness=1",
+            "rollout.partial_rollouts=true",
+            "trainer.total_steps=2",
+            "trainer.eval_every=0",
+            "data.batch_size=4",
+            "rollout.n_samples=4",
+            "algorithm.filter_uniform_groups=false",
+            "checkpoint.every=0",
+            "task.eval_size=16",
+            "eval.num_prompts=16",
+            "sft.eval_prompts=16",
+        ]
+    )
+    assert summary["steps"] == 2 and summary["accounting"]["balanced"]
+    for record in steps:
+        assert record["env/turns"] > 1.5 and 0.0 < record["env/model_token_frac"] < 1.0
+        assert record["env/tool_timeouts"] == 0 and record["env/tool_s"] >= 0.0
+        assert 0.0 <= record["env/tool_overlap_frac"] <= 1.0
+        assert record["rollout/response_tokens"] <= 64
+        assert math.isfinite(record["train/loss"])
+
+
 @pytest.mark.long
 def test_calculator_tool_raises_held_out_accuracy(tmp_path):
     """`rlsys train task=calculator_tool`: SFT warm start on demonstrations, then GRPO over

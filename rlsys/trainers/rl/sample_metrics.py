@@ -20,12 +20,16 @@ def reward_component_metrics(samples: list[Sample]) -> dict[str, float]:
 
 def episode_metrics(samples: list[Sample]) -> dict[str, float]:
     """``env/*``: turns, tool calls and errors, truncation and the environment's reward per
-    trajectory (multi-turn tasks only)."""
+    trajectory; seconds per environment step and the share of step time that overlapped
+    generation (multi-turn tasks only)."""
     episodes = [s.completion.episode for s in samples if s.completion.episode is not None]
     if not episodes:
         return {}
     trained = sum(sum(s.completion.trained()) for s in samples)
     total = sum(len(s.completion.token_ids) for s in samples)
+    steps = sum(e.turns for e in episodes)  # one environment step per model turn
+    tool_s = sum(e.tool_s for e in episodes)
+    overlap_s = sum(e.tool_overlap_s for e in episodes)
     return {
         "env/turns": float(np.mean([e.turns for e in episodes])),
         "env/tool_calls": float(np.mean([e.tool_calls for e in episodes])),
@@ -33,6 +37,9 @@ def episode_metrics(samples: list[Sample]) -> dict[str, float]:
         "env/truncated_frac": float(np.mean([e.truncated for e in episodes])),
         "env/reward": float(np.mean([e.reward for e in episodes])),
         "env/model_token_frac": trained / total if total else 0.0,
+        "env/tool_timeouts": float(np.mean([e.tool_timeouts for e in episodes])),
+        "env/tool_s": tool_s / steps if steps else 0.0,
+        "env/tool_overlap_frac": overlap_s / tool_s if tool_s else 0.0,
     }
 
 
