@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlsys.config.checks import positive
+from rlsys.config.checks import one_of, positive
 
 
 @dataclass
@@ -18,8 +18,15 @@ class EnvConfig:
     # left, at most task.max_new_tokens); null: task.max_new_tokens x max_turns.
     max_total_tokens: int | None = None
     max_observation_tokens: int = 64  # a longer observation or tool result is cut to this
+    # How the model calls tools (docs/environments.md): compact (`<call>NAME ARG</call>`,
+    # results inline; the built-in models) | hermes (`<tool_call>{json}</tool_call>`, tools and
+    # results as the chat template renders them; Qwen2/2.5) | smollm2 (SmolLM2-Instruct's
+    # function-calling prompt, `<tool_call>[...]</tool_call>`) | auto: compact without
+    # task.chat_template, else hermes if the template renders tools, else smollm2
+    tool_format: str = "auto"
 
     def __post_init__(self) -> None:
+        one_of("task.env.tool_format", self.tool_format, ("auto", "compact", "hermes", "smollm2"))
         positive("task.env.max_turns", self.max_turns)
         positive("task.env.max_observation_tokens", self.max_observation_tokens)
         if self.max_total_tokens is not None:
