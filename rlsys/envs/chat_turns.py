@@ -26,7 +26,7 @@ from typing import Protocol
 from rlsys.config.errors import ConfigError
 from rlsys.envs.base import Environment, StepResult
 from rlsys.envs.tool_formats import ToolFormat, canonical_call
-from rlsys.envs.tools import RESULT_END, RESULT_START, ToolCallError, format_result
+from rlsys.envs.tools import CALL_END, RESULT_END, RESULT_START, ToolCallError, format_result
 from rlsys.types import Prompt
 
 
@@ -93,7 +93,7 @@ class ChatTurns:
         self.tools = tool_specs(factory)
         self.max_observation_tokens = max_observation_tokens
         # the format's stop strings, plus the environment's own other than the compact call end
-        own = [s for s in getattr(factory, "stop", []) if s != "</call>"]
+        own = [s for s in getattr(factory, "stop", []) if s != CALL_END]
         self.stop = list(dict.fromkeys([*fmt.stop, *own]))
         self.check_prefix_property()
 
