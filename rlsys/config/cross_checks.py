@@ -22,6 +22,7 @@ def check_train_config(cfg: TrainConfig) -> None:
     _check_batch_feeds_groups(cfg)
     _check_replay(cfg)
     _check_tree_rollouts(cfg)
+    _check_warm_start_tool_format(cfg)
 
 
 def _check_eval_sizes(cfg: TrainConfig) -> None:
@@ -201,4 +202,18 @@ def _check_tree_rollouts(cfg: TrainConfig) -> None:
             f"algorithm.advantage={cfg.algorithm.advantage} compares the subtrees of tree "
             "rollouts, but rollout.tree.enabled=false; set rollout.tree.enabled=true or "
             "another algorithm.advantage (e.g. grpo)"
+        )
+
+
+def _check_warm_start_tool_format(cfg: TrainConfig) -> None:
+    """Environments demonstrate their trajectories in the compact tool format only."""
+    task = cfg.task
+    chat_tools = task.chat_template and task.env.tool_format != "compact"
+    if cfg.warm_start.enabled and task.env.name is not None and chat_tools:
+        raise ConfigError(
+            f"warm_start.enabled=true with task.env.name={task.env.name}, "
+            f"task.chat_template=true and task.env.tool_format={task.env.tool_format}: the SFT "
+            "warm start demonstrates tool calls in the compact <call> format, not the chat "
+            "format the rollout parses; set warm_start.enabled=false (pretrained chat models "
+            "need none) or task.env.tool_format=compact"
         )

@@ -35,8 +35,15 @@ class EnvConfig:
     # call (0: at once); null: as long as the request's last generation call took (sending
     # without them would cost another call about as long), at least 10 ms
     batch_wait_s: float | None = None
+    # How the model calls tools (docs/environments.md): compact (`<call>NAME ARG</call>`,
+    # results inline; the built-in models) | hermes (`<tool_call>{json}</tool_call>`, tools and
+    # results as the chat template renders them; Qwen2/2.5) | smollm2 (SmolLM2-Instruct's
+    # function-calling prompt, `<tool_call>[...]</tool_call>`) | auto: compact without
+    # task.chat_template, else hermes if the template renders tools, else smollm2
+    tool_format: str = "auto"
 
     def __post_init__(self) -> None:
+        one_of("task.env.tool_format", self.tool_format, ("auto", "compact", "hermes", "smollm2"))
         positive("task.env.max_turns", self.max_turns)
         positive("task.env.max_observation_tokens", self.max_observation_tokens)
         if self.max_total_tokens is not None:

@@ -201,6 +201,12 @@ class TaskConfig:
                 f"task.operators={list(self.operators)} must be a non-empty subset of "
                 "['+', '-', '*']"
             )
+        if self.env.tool_format in ("hermes", "smollm2") and not self.chat_template:
+            raise ConfigError(
+                f"task.env.tool_format={self.env.tool_format} needs task.chat_template=true (its "
+                "tools are declared and its results sent as turns of the chat template); set "
+                "task.chat_template=true or task.env.tool_format=compact (or auto)"
+            )
         if self.reward == "env" and self.env.name is None:
             raise ConfigError(
                 "task.reward=env scores with the environment's reward, but task.env.name is "

@@ -1,5 +1,6 @@
-"""Multi-turn environments (``task.env.name``): the interface, the tool-call format, the
-rollout that alternates model turns with observations, and the built-in environments."""
+"""Multi-turn environments (``task.env.name``): the interface, the tool-call formats (the
+environments' compact one and the chat formats the rollout translates, ``task.env.tool_format``),
+the rollout that alternates model turns with observations, and the built-in environments."""
 
 from rlsys.envs.base import Environment, EnvironmentFactory, StepResult
 from rlsys.envs.calculator import Calculator

@@ -4,7 +4,9 @@
 A good trajectory: ``<call>calc 37*48</call>`` (model) ``<result>1776</result>`` (tool)
 ``1776`` + EOS (model). A turn without a tool call is the final answer: reward 1 if its last
 number is the answer, else 0. A malformed call gets an error result and the model may try
-again while turns remain.
+again while turns remain. With a chat tool format (``task.env.tool_format``) the model calls
+``calc`` as declared in ``tools``, e.g. ``{"name": "calc", "arguments": {"expression":
+"37*48"}}``; the runner passes the one string parameter on as the expression.
 """
 
 from __future__ import annotations
@@ -76,7 +78,10 @@ class CalculatorEpisode:
             correct = bool(numbers) and same_number(numbers[-1], self.answer)
             return StepResult(reward=float(correct), done=True, correct=correct)
         if call.name != "calc" or not isinstance(call.arguments, str):
-            return StepResult(format_result("error: the tool is calc EXPRESSION"), tool_error=True)
+            return StepResult(
+                format_result("error: the one tool is calc, with an expression string"),
+                tool_error=True,
+            )
         try:
             result = evaluate(call.arguments)
         except ValueError as exc:
@@ -88,6 +93,20 @@ class Calculator:
     """Makes calculator episodes; demonstrates a call on ``meta["expression"]``."""
 
     stop = ["</call>"]  # a model turn ends when its call is complete
+    tools = [  # what a chat tool format declares in the prompt
+        {
+            "type": "function",
+            "function": {
+                "name": "calc",
+                "description": "Evaluate an arithmetic expression (+ - * / // % and parentheses).",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"expression": {"type": "string", "description": "e.g. 37*48"}},
+                    "required": ["expression"],
+                },
+            },
+        }
+    ]
 
     def __call__(self, prompt: Prompt) -> CalculatorEpisode:
         return CalculatorEpisode(prompt.answer)

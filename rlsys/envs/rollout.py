@@ -6,7 +6,10 @@ them, their behaviour logprobs are 0, and each token keeps the policy version th
 it (observations take their turn's). The model's tokens are never re-tokenised: what the
 learner trains on is exactly what the engine sampled (token in, token out). Trajectories
 end when the environment says so, after ``task.env.max_turns`` model turns, or when the
-next turn would have no room in ``max_total_tokens``.
+next turn would have no room in ``max_total_tokens``. With a chat tool format
+(``task.env.tool_format``) the transcript of each trajectory translates between the model's
+calls and the environment's compact API and renders observations with the chat template
+(rlsys/envs/chat_turns.py).
 
 Scheduling (``task.env.scheduling``): with ``async`` each trajectory advances on its own.
 Its environment step (a tool call) runs off the rollout loop's thread (``StepRunner``:
@@ -28,6 +31,7 @@ from collections.abc import Callable
 
 from rlsys.config.env import EnvConfig
 from rlsys.envs.base import Environment, EnvironmentFactory, StepResult
+from rlsys.envs.chat_turns import CompactTurns, Transcript, Turns
 from rlsys.envs.steps import StepOutcome, StepRunner
 from rlsys.types import Completion, Episode, Prompt, SamplingParams
 
@@ -44,6 +48,7 @@ class _Trajectory:
     env: Environment
     prompt_ids: list[int]
     budget: int  # response tokens in total
+    transcript: Transcript  # translates turns and observations (the run's tool format)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     mask: list[int] = dataclasses.field(default_factory=list)
@@ -66,9 +71,12 @@ class _Trajectory:
 class EpisodeRunner:
     """Runs the environments of ``factory`` over a rollout engine's ``complete``."""
 
-    def __init__(self, factory: EnvironmentFactory, tokenizer, cfg: EnvConfig) -> None:
+    def __init__(
+        self, factory: EnvironmentFactory, tokenizer, cfg: EnvConfig, turns: Turns | None = None
+    ) -> None:
         self.factory, self.tokenizer, self.cfg = factory, tokenizer, cfg
-        self.stop = list(getattr(factory, "stop", []))
+        self.turns = turns or CompactTurns(factory, tokenizer, cfg.max_observation_tokens)
+        self.stop = list(self.turns.stop)
         self.end_ids = {tokenizer.eos_token_id}  # a turn ending in one ends the reply
         # shared by every rollout loop of this driver: the limits hold for the environment
         self.steps = StepRunner(
@@ -102,7 +110,7 @@ class EpisodeRunner:
             return None
         calls = [(began, time.monotonic())]  # this request's generation calls, in time
         trajectories = [
-            [_Trajectory(self.factory(p), ids, total) for _ in group]
+            [_Trajectory(self.factory(p), ids, total, self.turns.start(p)) for _ in group]
             for p, ids, group in zip(prompts, prompt_ids, first, strict=True)
         ]
         turns = [
@@ -226,7 +234,12 @@ class EpisodeRunner:
         ``done``, named ``key``)."""
         self._append_turn(t, turn)
         text = self.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
-        self.steps.submit(key, t.env, text, done)
+        action = t.transcript.action(text)
+        if isinstance(action, StepResult):  # answered by the transcript (a malformed call)
+            now = time.monotonic()
+            done.put(StepOutcome(key, action, now, now))
+        else:
+            self.steps.submit(key, t.env, action, done)
 
     def _take_step(
         self,
@@ -281,8 +294,7 @@ class EpisodeRunner:
         eos_ended = bool(turn.token_ids) and turn.token_ids[-1] in ends
         if eos_ended or result.observation is None:
             return False  # the model ended its reply; nothing more to say to it
-        observation = self.tokenizer.encode(result.observation, add_special_tokens=False)
-        observation = observation[: self.cfg.max_observation_tokens]
+        observation = t.transcript.observation_ids(result.observation)
         room = t.budget - len(t.tokens) - len(observation)
         if t.episode.turns >= self.cfg.max_turns or room <= 0:
             t.episode.truncated = True

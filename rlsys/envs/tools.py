@@ -4,7 +4,8 @@ A model calls a tool by writing ``<call>NAME ARGUMENT</call>`` (compact, for sma
 ``<call>calc 37*48</call>``) or ``<call>{"name": "calc", "arguments": "37*48"}</call>``
 (JSON; ``arguments`` may be a string or an object). The rollout stops the turn at
 ``</call>`` (``CALL_END`` is a stop string), the environment runs the tool and the result
-comes back as ``<result>...</result>``.
+comes back as ``<result>...</result>``. This is the format environments speak; a chat model's
+own format is translated to it by the rollout (rlsys/envs/tool_formats.py).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardConfig
 from rlsys.config.schema import TaskConfig
 from rlsys.envs import ENVS, EpisodeRunner
+from rlsys.envs.chat_turns import ChatTurns
+from rlsys.envs.tool_formats import ToolFormat, make_tool_format
 from rlsys.rewards.scorer import RewardScorer
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
@@ -36,11 +39,14 @@ class EvalResult:
 @dataclass(frozen=True)
 class PromptFormat:
     """How a prompt's text becomes the model's input (``task.instruction``,
-    ``task.chat_template``, ``task.system_prompt``); the default is the bare text."""
+    ``task.chat_template``, ``task.system_prompt``, and the tools a chat tool format declares);
+    the default is the bare text."""
 
     instruction: str | None = None  # appended to the text after a blank line
     chat_template: bool = False  # the text is the user turn of the tokenizer's chat template
     system_prompt: str | None = None  # chat only: the system turn (None: the template's own)
+    tool_format: ToolFormat | None = None  # chat only: declares ``tools`` in the prompt
+    tools: tuple[dict, ...] = ()  # the environment's function specs
 
     @classmethod
     def from_task(cls, cfg: TaskConfig) -> PromptFormat:
@@ -55,14 +61,21 @@ class PromptFormat:
                 "use an instruct/chat model or set task.chat_template=false"
             )
 
-    def render(self, text: str, tokenizer) -> str:
-        """The full prompt string; with a chat template it ends with the assistant's header."""
+    def messages(self, text: str) -> list[dict]:
+        """The chat messages of a prompt: the system turn if set, then the user turn."""
         content = f"{text}\n\n{self.instruction}" if self.instruction else text
-        if not self.chat_template:
-            return content
         messages = [{"role": "user", "content": content}]
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def render(self, text: str, tokenizer) -> str:
+        """The full prompt string; with a chat template it ends with the assistant's header."""
+        if not self.chat_template:
+            return f"{text}\n\n{self.instruction}" if self.instruction else text
+        messages = self.messages(text)
+        if self.tool_format is not None:
+            return self.tool_format.render(tokenizer, messages, list(self.tools), True)
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
@@ -103,17 +116,20 @@ class RolloutCollector:
         this process)."""
         if scorer is None:
             scorer = RewardScorer.from_config(cfg.reward, reward or RewardConfig())
-        episodes = None
+        prompt_format, episodes = PromptFormat.from_task(cfg), None
         if cfg.env.name is not None:
-            episodes = EpisodeRunner(ENVS.get(cfg.env.name)(), tokenizer, cfg.env)
-        return cls(
-            generate,
-            tokenizer,
-            scorer,
-            cfg.max_prompt_tokens,
-            PromptFormat.from_task(cfg),
-            episodes,
-        )
+            factory = ENVS.get(cfg.env.name)()
+            prompt_format.check(tokenizer)
+            fmt = make_tool_format(cfg.env.tool_format, tokenizer, cfg.chat_template)
+            turns = None
+            if fmt.chat:  # the prompt declares the tools; turns translate calls and results
+                bound = cfg.env.max_observation_tokens
+                turns = ChatTurns(fmt, factory, tokenizer, prompt_format.messages, bound)
+                prompt_format = dataclasses.replace(
+                    prompt_format, tool_format=fmt, tools=tuple(turns.tools)
+                )
+            episodes = EpisodeRunner(factory, tokenizer, cfg.env, turns)
+        return cls(generate, tokenizer, scorer, cfg.max_prompt_tokens, prompt_format, episodes)
 
     def encode(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]]]:
         """Token ids of each formatted prompt; those over ``task.max_prompt_tokens`` are skipped.
