@@ -48,6 +48,10 @@ class Episode:
     tool_s: float = 0.0  # seconds its environment steps ran, summed over its turns
     tool_overlap_s: float = 0.0  # of those, seconds a generation call ran at the same time
     tool_timeouts: int = 0  # steps past task.env.step_timeout_s (also in tool_errors)
+    # openai_agent (rlsys/agents): recorded calls left out of the trajectory (the agent
+    # rewrote history), and whether the agent raised or ran past task.env.agent_timeout_s
+    dropped_calls: int = 0
+    agent_error: bool = False
 
 
 @dataclass
@@ -70,6 +74,9 @@ class Completion:
     # first; node ids are unique within the group, so leaves that share a node share those
     # tokens (and their logprobs, copied); None: sampled on its own (flat)
     segments: list[tuple[int, int]] | None = None
+    # (P,) the prompt this completion continues when it is not the request's (an agent's own
+    # first message, rlsys/agents); None: the request's prompt
+    prompt_ids: list[int] | None = None
 
     def versions(self) -> list[int]:
         """(R,) the policy version of every token."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from rlsys.backends import BACKENDS
 from rlsys.config.elastic import group_sizes
+from rlsys.config.env import AGENT_ENV
 from rlsys.config.errors import ConfigError
 from rlsys.weight_sync import TRANSPORTS
 
@@ -208,6 +209,11 @@ def _check_tree_rollouts(cfg: TrainConfig) -> None:
 def _check_warm_start_tool_format(cfg: TrainConfig) -> None:
     """Environments demonstrate their trajectories in the compact tool format only."""
     task = cfg.task
+    if cfg.warm_start.enabled and task.env.name == AGENT_ENV:
+        raise ConfigError(
+            "warm_start.enabled=true with task.env.name=openai_agent: a user agent has no "
+            "demonstrations to warm-start from; set warm_start.enabled=false"
+        )
     chat_tools = task.chat_template and task.env.tool_format != "compact"
     if cfg.warm_start.enabled and task.env.name is not None and chat_tools:
         raise ConfigError(

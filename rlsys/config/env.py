@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlsys.config.checks import non_negative, one_of, positive
+from rlsys.config.errors import ConfigError
 
 SCHEDULING = ("async", "lockstep")
+AGENT_ENV = "openai_agent"  # task.env.name of a user agent written against the OpenAI client
 
 
 @dataclass
@@ -14,7 +16,9 @@ class EnvConfig:
     """``task.env``: the environment a rollout talks to between model turns (null name:
     single-turn, the model answers once)."""
 
-    name: str | None = None  # a registered environment: calculator | guess_number | latency
+    # a registered environment: calculator | guess_number | latency | openai_agent (a user
+    # agent loop written against the OpenAI client, task.env.agent; docs/environments.md)
+    name: str | None = None
     max_turns: int = 4  # model turns per trajectory; then it ends (truncated)
     # Response tokens over all turns, observations included (the model's turn gets what is
     # left, at most task.max_new_tokens); null: task.max_new_tokens x max_turns.
@@ -41,6 +45,11 @@ class EnvConfig:
     # function-calling prompt, `<tool_call>[...]</tool_call>`) | auto: compact without
     # task.chat_template, else hermes if the template renders tools, else smollm2
     tool_format: str = "auto"
+    # openai_agent: the agent, "package.module:function", called as function(client, prompt)
+    # -> reward (float) once per trajectory with an openai.OpenAI client on its own session
+    agent: str | None = None
+    # openai_agent: an agent still running after this long scores 0 (its thread is abandoned)
+    agent_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         one_of("task.env.tool_format", self.tool_format, ("auto", "compact", "hermes", "smollm2"))
@@ -54,3 +63,24 @@ class EnvConfig:
             positive("task.env.step_timeout_s", self.step_timeout_s)
         if self.batch_wait_s is not None:
             non_negative("task.env.batch_wait_s", self.batch_wait_s)
+        positive("task.env.agent_timeout_s", self.agent_timeout_s)
+        self._check_agent()
+
+    def _check_agent(self) -> None:
+        if self.name == AGENT_ENV:
+            module, _, function = (self.agent or "").partition(":")
+            if not module or not function:
+                raise ConfigError(
+                    f"task.env.name=openai_agent needs task.env.agent=package.module:function "
+                    f"(got {self.agent!r}), e.g. task.env.agent=rlsys.agents.examples:calculator_agent"
+                )
+            if self.tool_format == "compact":
+                raise ConfigError(
+                    "task.env.name=openai_agent renders the agent's messages with the chat "
+                    "template; set task.env.tool_format=auto, hermes or smollm2"
+                )
+        elif self.agent is not None:
+            raise ConfigError(
+                f"task.env.agent={self.agent!r} is only read with task.env.name=openai_agent "
+                f"(task.env.name={self.name!r}); set task.env.name=openai_agent or drop task.env.agent"
+            )

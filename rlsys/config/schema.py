@@ -18,7 +18,7 @@ from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.cross_checks import check_train_config
 from rlsys.config.data import DataConfig
 from rlsys.config.elastic import ElasticConfig, GroupElasticConfig
-from rlsys.config.env import EnvConfig
+from rlsys.config.env import AGENT_ENV, EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.launch import LauncherConfig
 from rlsys.config.learner import CriticConfig, LearnerConfig
@@ -206,6 +206,11 @@ class TaskConfig:
                 f"task.env.tool_format={self.env.tool_format} needs task.chat_template=true (its "
                 "tools are declared and its results sent as turns of the chat template); set "
                 "task.chat_template=true or task.env.tool_format=compact (or auto)"
+            )
+        if self.env.name == AGENT_ENV and not self.chat_template:
+            raise ConfigError(
+                f"task.env.name={AGENT_ENV} renders the agent's messages with the chat "
+                "template; set task.chat_template=true (with a model whose tokenizer has one)"
             )
         if self.reward == "env" and self.env.name is None:
             raise ConfigError(

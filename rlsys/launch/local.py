@@ -30,6 +30,8 @@ def preflight(cfg: TrainConfig, roles: Roles) -> None:
     """Checks that need the registries or the machine, before anything starts: the rewards
     exist and build (a user reward file imports, code rewards can be sandboxed here), the
     environment exists and, for a local Ray, the pools fit this machine."""
+    from rlsys.agents.runner import load_agent
+    from rlsys.config.env import AGENT_ENV
     from rlsys.envs import ENVS
     from rlsys.rewards import REWARDS
     from rlsys.rewards.scorer import components_from_config
@@ -38,7 +40,9 @@ def preflight(cfg: TrainConfig, roles: Roles) -> None:
         (f"reward.extra.{n}", n) for n in cfg.reward.extra
     ]:
         REWARDS.check(name, key)
-    if cfg.task.env.name is not None:
+    if cfg.task.env.name == AGENT_ENV:
+        load_agent(cfg.task.env.agent or "")  # the agent imports, before anything starts
+    elif cfg.task.env.name is not None:
         ENVS.check(cfg.task.env.name)
     components_from_config(cfg.task.reward, cfg.reward)
     if cfg.cluster.address is not None:

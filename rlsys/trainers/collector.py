@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlsys.agents.runner import AgentRunner, load_agent
+from rlsys.config.env import AGENT_ENV
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardConfig
 from rlsys.config.schema import TaskConfig
@@ -90,7 +92,7 @@ class RolloutCollector:
         scorer,
         max_prompt_tokens: int,
         prompt_format: PromptFormat | None = None,
-        episodes: EpisodeRunner | None = None,
+        episodes: EpisodeRunner | AgentRunner | None = None,
     ) -> None:
         self.generate_fn = generate
         self.tokenizer = tokenizer
@@ -117,7 +119,12 @@ class RolloutCollector:
         if scorer is None:
             scorer = RewardScorer.from_config(cfg.reward, reward or RewardConfig())
         prompt_format, episodes = PromptFormat.from_task(cfg), None
-        if cfg.env.name is not None:
+        if cfg.env.name == AGENT_ENV:  # the agent writes its own conversation
+            prompt_format.check(tokenizer)
+            fmt = make_tool_format(cfg.env.tool_format, tokenizer, cfg.chat_template)
+            agent = load_agent(cfg.env.agent or "")
+            episodes = AgentRunner(agent, tokenizer, fmt, cfg.env, cfg.max_prompt_tokens)
+        elif cfg.env.name is not None:
             factory = ENVS.get(cfg.env.name)()
             prompt_format.check(tokenizer)
             fmt = make_tool_format(cfg.env.tool_format, tokenizer, cfg.chat_template)
@@ -191,8 +198,9 @@ class RolloutCollector:
         ``baseline`` reply per prompt if given."""
 
         def sample(prompt: Prompt, ids: list[int], c: Completion) -> Sample:
+            own = c.prompt_ids if c.prompt_ids is not None else ids  # an agent's own prompt
             return Sample(
-                prompt, ids, c, self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+                prompt, own, c, self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
             )
 
         return [

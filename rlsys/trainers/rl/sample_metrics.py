@@ -40,6 +40,8 @@ def episode_metrics(samples: list[Sample]) -> dict[str, float]:
         "env/tool_timeouts": float(np.mean([e.tool_timeouts for e in episodes])),
         "env/tool_s": tool_s / steps if steps else 0.0,
         "env/tool_overlap_frac": overlap_s / tool_s if tool_s else 0.0,
+        "env/dropped_calls": float(np.mean([e.dropped_calls for e in episodes])),
+        "env/agent_error_frac": float(np.mean([e.agent_error for e in episodes])),
     }
 
 
