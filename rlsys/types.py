@@ -48,6 +48,18 @@ class Episode:
 
 
 @dataclass
+class Turn:
+    """One model turn of a multi-turn trajectory (a step, for step-level advantages: GiGPO)."""
+
+    start: int  # index in the tokens of the turn's first token (Completion.token_ids)
+    end: int  # one past its last token; the observation answering it (masked) follows
+    reward: float  # the environment's reward for this turn (StepResult.reward)
+    # the anchor-state key of the state the turn acted on: turns of a group with equal keys
+    # acted on the same state (default: a digest of the observations so far; see rlsys.envs)
+    state: str
+
+
+@dataclass
 class Completion:
     """One generated response, as the engine produced it (multi-turn: the whole trajectory,
     the model's turns with the environment's observations between them)."""
@@ -67,6 +79,7 @@ class Completion:
     # first; node ids are unique within the group, so leaves that share a node share those
     # tokens (and their logprobs, copied); None: sampled on its own (flat)
     segments: list[tuple[int, int]] | None = None
+    turns: list[Turn] | None = None  # multi-turn only: the model's turns, in order
 
     def versions(self) -> list[int]:
         """(R,) the policy version of every token."""

@@ -22,6 +22,7 @@ def check_train_config(cfg: TrainConfig) -> None:
     _check_batch_feeds_groups(cfg)
     _check_replay(cfg)
     _check_tree_rollouts(cfg)
+    _check_multi_turn_advantage(cfg)
 
 
 def _check_eval_sizes(cfg: TrainConfig) -> None:
@@ -201,4 +202,15 @@ def _check_tree_rollouts(cfg: TrainConfig) -> None:
             f"algorithm.advantage={cfg.algorithm.advantage} compares the subtrees of tree "
             "rollouts, but rollout.tree.enabled=false; set rollout.tree.enabled=true or "
             "another algorithm.advantage (e.g. grpo)"
+        )
+
+
+def _check_multi_turn_advantage(cfg: TrainConfig) -> None:
+    """Step-level advantages compare the turns of multi-turn trajectories."""
+    if cfg.algorithm.uses_turns and cfg.task.env.name is None:
+        raise ConfigError(
+            f"algorithm.advantage={cfg.algorithm.advantage} groups the model turns of "
+            "multi-turn trajectories by the state they acted on, but task.env.name=null "
+            "(single-turn replies have one step); set task.env.name (e.g. task=calculator_tool "
+            "or task=guess_number) or another algorithm.advantage (e.g. grpo)"
         )

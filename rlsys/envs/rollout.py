@@ -7,17 +7,24 @@ it (observations take their turn's). The model's tokens are never re-tokenised: 
 learner trains on is exactly what the engine sampled (token in, token out). Trajectories
 end when the environment says so, after ``task.env.max_turns`` model turns, or when the
 next turn would have no room in ``max_total_tokens``.
+
+Each model turn is also recorded as a ``Turn`` (its token span, its reward and the key of
+the state it acted on), for step-level advantages (GiGPO). The key is the environment's
+``state_key()`` where it defines one, else a digest of the observation tokens the trajectory
+has seen so far: the first turn of every trajectory of a group acts on the same state (the
+prompt alone), and later turns share a key when their observations so far are identical.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Callable
 
 from rlsys.config.env import EnvConfig
 from rlsys.envs.base import Environment, EnvironmentFactory, StepResult
-from rlsys.types import Completion, Episode, Prompt, SamplingParams
+from rlsys.types import Completion, Episode, Prompt, SamplingParams, Turn
 
 log = logging.getLogger(__name__)
 # (prompt ids, sampling, per-prompt budgets) -> completions per prompt; None: the run ends
@@ -37,6 +44,8 @@ class _Trajectory:
     versions: list[int] = dataclasses.field(default_factory=list)
     finish: str = "stop"
     episode: Episode = dataclasses.field(default_factory=Episode)
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    seen: str = ""  # digest of the observations so far: the default anchor-state key
 
     def completion(self) -> Completion:
         return Completion(
@@ -47,7 +56,14 @@ class _Trajectory:
             self.versions,
             self.mask,
             self.episode,
+            turns=self.turns,
         )
+
+
+def _extend_digest(digest: str, observation: list[int]) -> str:
+    """The state digest after ``observation`` (token ids) follows the state ``digest``."""
+    data = f"{digest}|{','.join(map(str, observation))}".encode()
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 class EpisodeRunner:
@@ -109,6 +125,7 @@ class EpisodeRunner:
         A turn whose last token is EOS (or a stop token) ends the reply; one that stopped at
         an environment stop string goes on (an engine may keep text after the match inside
         the matching token, so the ids decide, not the text)."""
+        start, state = len(t.tokens), t.seen
         t.tokens += turn.token_ids
         t.logprobs += turn.logprobs
         t.mask += [1] * len(turn.token_ids)
@@ -117,10 +134,13 @@ class EpisodeRunner:
         t.episode.turns += 1
         t.episode.truncated = turn.finish_reason == "length"  # cut by a token bound
         try:
+            if hasattr(t.env, "state_key"):  # the environment's own anchor-state key
+                state = str(t.env.state_key())
             result = t.env.step(self.tokenizer.decode(turn.token_ids, skip_special_tokens=True))
         except Exception as exc:  # noqa: BLE001 - an environment bug ends this trajectory only
             log.warning("environment step failed, trajectory ended: %r", exc)
             result = StepResult(done=True, tool_error=True)
+        t.turns.append(Turn(start, len(t.tokens), result.reward, state))
         t.episode.reward += result.reward
         t.episode.tool_calls += int(result.tool_call)
         t.episode.tool_errors += int(result.tool_error)
@@ -143,4 +163,5 @@ class EpisodeRunner:
         t.logprobs += [0.0] * len(observation)
         t.mask += [0] * len(observation)
         t.versions += [version] * len(observation)
+        t.seen = _extend_digest(t.seen, observation)
         return True

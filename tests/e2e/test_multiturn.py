@@ -37,6 +37,33 @@ def test_guess_number_trains_on_multi_turn_trajectories(run_controller):
             assert math.isfinite(record[key])
 
 
+def test_gigpo_forms_step_groups_across_trajectories_and_trains(run_controller):
+    # The game answers every guess " higher" or " lower", so trajectories of a prompt that
+    # heard the same answers share a state (the observation digest) and form step groups.
+    summary, steps = run_controller(
+        [
+            "task=guess_number",
+            "algorithm=gigpo",
+            "task.eval_size=16",
+            "eval.num_prompts=16",
+            "sft.eval_prompts=16",
+            "trainer.total_steps=2",
+            "trainer.eval_every=0",
+            "data.batch_size=4",
+            "rollout.n_samples=4",
+            "algorithm.filter_uniform_groups=false",
+            "checkpoint.every=0",
+        ]
+    )
+    assert summary["steps"] == 2 and summary["policy_version"] == 2
+    for record in steps:
+        assert record["env/step_group_size"] > 1.0  # at least the first turns: all 4 share
+        for key in ("train/loss", "train/entropy", "train/grad_norm"):
+            assert math.isfinite(record[key])
+    assert any(r["env/shared_state_frac"] > 0 for r in steps)  # later turns grouped too
+    assert any(r["train/grad_norm"] > 0 for r in steps)
+
+
 @pytest.mark.long
 def test_calculator_tool_raises_held_out_accuracy(tmp_path):
     """`rlsys train task=calculator_tool`: SFT warm start on demonstrations, then GRPO over
