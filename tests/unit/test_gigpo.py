@@ -17,6 +17,7 @@ from rlsys.data.collate import batch_turns, samples_to_batch
 from rlsys.envs import EpisodeRunner, StepResult
 from rlsys.envs.calculator import Calculator
 from rlsys.models.loading import load_tokenizer
+from rlsys.state_file import read_state, write_state
 from rlsys.trainers.rl.sample_metrics import step_group_metrics
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams, Turn
 
@@ -251,6 +252,16 @@ def test_step_group_metrics_count_turns_on_shared_states():
     lonely = RolloutGroup(Prompt(0, "p", "a"), [sample(["s", "a"]), sample(["s", "b"])])
     assert step_group_metrics([lonely])["env/shared_state_frac"] == 0.0
     assert step_group_metrics([RolloutGroup(Prompt(0, "p", "a"), [])]) == {}
+
+
+def test_turns_survive_the_checkpoint_state_file(tmp_path):
+    # the buffer's queued groups are checkpointed; their multi-turn samples carry turns
+    turns = [Turn(0, 3, 0.0, "a1"), Turn(5, 6, 1.0, "b2")]
+    completion = Completion([1] * 6, [0.0] * 6, "stop", 2, mask=[1, 1, 1, 0, 0, 1], turns=turns)
+    group = RolloutGroup(Prompt(0, "p", "a"), [Sample(Prompt(0, "p", "a"), [1], completion, "")])
+    write_state(tmp_path / "state.json", {"groups": [group]})
+    [back] = read_state(tmp_path / "state.json")["groups"]
+    assert back.samples[0].completion.turns == turns
 
 
 # ---- config ----------------------------------------------------------------------------------
