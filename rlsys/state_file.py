@@ -26,12 +26,21 @@ from typing import Any
 
 import numpy as np
 
-from rlsys.types import Completion, Episode, Prompt, RolloutGroup, Sample, SamplingParams
+from rlsys.types import (
+    Completion,
+    Episode,
+    Prompt,
+    RolloutGroup,
+    Sample,
+    SamplingParams,
+    Turn,
+)
 
 FORMAT = "rlsys.trainer_state"
 VERSION = 1
 _CLASSES = {
-    cls.__name__: cls for cls in (Prompt, SamplingParams, Episode, Completion, Sample, RolloutGroup)
+    cls.__name__: cls
+    for cls in (Prompt, SamplingParams, Episode, Turn, Completion, Sample, RolloutGroup)
 }
 _TAGS = ("__tuple__", "__dict__", "__array__", "__dataclass__")
 _ARRAY_KINDS = "biufc"  # bool, integers, floats, complex: nothing that holds objects

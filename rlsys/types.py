@@ -55,6 +55,18 @@ class Episode:
 
 
 @dataclass
+class Turn:
+    """One model turn of a multi-turn trajectory (a step, for step-level advantages: GiGPO)."""
+
+    start: int  # index in the tokens of the turn's first token (Completion.token_ids)
+    end: int  # one past its last token; the observation answering it (masked) follows
+    reward: float  # the environment's reward for this turn (StepResult.reward)
+    # the anchor-state key of the state the turn acted on: turns of a group with equal keys
+    # acted on the same state (default: a digest of the observations so far; see rlsys.envs)
+    state: str
+
+
+@dataclass
 class Completion:
     """One generated response, as the engine produced it (multi-turn: the whole trajectory,
     the model's turns with the environment's observations between them)."""
@@ -77,6 +89,7 @@ class Completion:
     # (P,) the prompt this completion continues when it is not the request's (an agent's own
     # first message, rlsys/agents); None: the request's prompt
     prompt_ids: list[int] | None = None
+    turns: list[Turn] | None = None  # multi-turn only: the model's turns, in order
 
     def versions(self) -> list[int]:
         """(R,) the policy version of every token."""

@@ -13,7 +13,9 @@ after, and the policy's token entropy at the end (the mean ``train/entropy`` of 
 steps: entropy collapse is what several presets exist to prevent); ``--json PATH`` writes
 those records (keys ``algorithm``, ``steps``, ``samples``, ``replies``, ``wall_s``,
 ``eval_accuracy_before``, ``eval_accuracy_after``, ``entropy_end``, ...). Extra
-``key=value`` overrides go to every run.
+``key=value`` overrides go to every run; without ``--algorithms``, presets the config refuses
+with them are skipped with the reason (gigpo needs a multi-turn task: ``--algorithms
+grpo,gigpo task=calculator_tool`` compares them on the calculator tool task).
 """
 
 from __future__ import annotations
@@ -33,6 +35,18 @@ def presets() -> list[str]:
 
     names = sorted(p.stem for p in (conf_dir() / "algorithm").glob("*.yaml"))
     return sorted(names, key=lambda n: n != "ppo")
+
+
+def refusal(name: str, overrides: list[str]) -> str | None:
+    """Why the config refuses preset ``name`` with ``overrides``; None if it composes."""
+    from rlsys.config.errors import ConfigError
+    from rlsys.config.loader import load_config
+
+    try:
+        load_config([f"algorithm={name}", *overrides])
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def run_preset(name: str, steps: int, overrides: list[str], out_dir: Path) -> dict:
@@ -85,6 +99,12 @@ def main() -> int:
     unknown = sorted(set(names) - set(known))
     if unknown:
         parser.error(f"unknown algorithms {unknown}; pick from {known}")
+    if not args.algorithms:
+        refused = {name: refusal(name, args.overrides) for name in names}
+        for name, reason in refused.items():
+            if reason is not None:
+                print(f"skipped {name}: {reason}")
+        names = [name for name in names if refused[name] is None]
 
     records = []
     with tempfile.TemporaryDirectory() as tmp:

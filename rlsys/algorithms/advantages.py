@@ -76,6 +76,67 @@ def treepo_advantages(
     return (total / count).astype(np.float32)
 
 
+def gigpo_advantages(
+    rewards: np.ndarray,
+    turn_rewards: list[list[float]],
+    states: list[list[str]],
+    step_weight: float = 1.0,
+    gamma: float = 1.0,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Group-in-group advantages of GiGPO (Feng et al. 2025, "Group-in-Group Policy
+    Optimization for LLM Agent Training", sec. 4): an episode-level advantage over the
+    trajectories of a prompt plus a step-level one within each group of turns that acted on
+    the same state ("anchor state") anywhere in those trajectories.
+
+    rewards: (n,) the episode returns of one group's trajectories; turn_rewards[i][k] and
+    states[i][k]: the reward of turn k of trajectory i and the key of the state it acted on.
+    Episode level: ``A^E = grpo_advantages(rewards)``. Step level: turn k's return is
+    ``R_ik = sum_{j >= k} gamma^(j - k) r_ij``; the turns with equal keys form a step group
+    (a trajectory may add several), and in it ``A^S = (R - mean(R)) / (std(R) + eps)``. Turn
+    k of trajectory i gets ``A^E_i + step_weight * A^S_ik``. Returns (A^E as (n,), and for
+    each trajectory its (K_i,) turn advantages).
+
+    Departures: the part of ``rewards[i]`` that no turn reported (a reward function on the
+    whole transcript, overlong shaping) counts as the last turn's reward, so with gamma 1 the
+    first turn's return is the episode return; states are keyed by the environment's
+    ``state_key()`` or by a digest of the observations so far (``rlsys.envs.rollout``), not by
+    the paper's environment state; the std (both levels) is the unbiased sample std as in
+    ``grpo_advantages`` and ``normalize_std=False`` drops it (the paper's F_norm = 1); a step
+    group of one turn (a state seen once) or of tied returns gives A^S = 0. The paper's
+    omega = 1 and gamma = 0.95 are the preset's (``conf/algorithm/gigpo.yaml``).
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if len(turn_rewards) != len(rewards):
+        raise ValueError(f"{len(rewards)} episode rewards but {len(turn_rewards)} trajectories")
+    episode = grpo_advantages(rewards[None, :], normalize_std, eps)[0].astype(np.float64)
+    returns: list[np.ndarray] = []
+    members: dict[str, list[tuple[int, int]]] = {}
+    for i, (own, keys) in enumerate(zip(turn_rewards, states, strict=True)):
+        if len(own) != len(keys):
+            raise ValueError(f"trajectory {i}: {len(own)} turn rewards but {len(keys)} states")
+        step = np.array(own, dtype=np.float64)
+        if len(step):
+            step[-1] += rewards[i] - step.sum()
+        out, running = np.zeros(len(step)), 0.0
+        for k in range(len(step) - 1, -1, -1):
+            running = step[k] + gamma * running
+            out[k] = running
+        returns.append(out)
+        for k, key in enumerate(keys):
+            members.setdefault(key, []).append((i, k))
+    step_adv = [np.zeros(len(r)) for r in returns]
+    for group in members.values():
+        if len(group) > 1:
+            values = np.array([[returns[i][k] for i, k in group]])
+            relative = grpo_advantages(values, normalize_std, eps)[0]
+            for (i, k), a in zip(group, relative, strict=True):
+                step_adv[i][k] = a
+    turns = [(episode[i] + step_weight * a).astype(np.float32) for i, a in enumerate(step_adv)]
+    return episode.astype(np.float32), turns
+
+
 def dr_grpo_advantages(rewards: np.ndarray) -> np.ndarray:
     """Dr.GRPO advantages (Liu et al. 2025, "Understanding R1-Zero-Like Training", sec. 3.2).
 

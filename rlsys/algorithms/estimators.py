@@ -11,7 +11,8 @@ rollout.n_samples >= 2), ``needs_critic`` (starts a critic pool and reads ``valu
 ``greedy_baseline`` (the controller generates one greedy reply per prompt for
 ``baseline_rewards``), ``pass_k`` (reads algorithm.pass_k, which must be below
 rollout.n_samples), ``tree`` (reads the tree of tree rollouts, ``tree_paths``: needs
-rollout.tree.enabled).
+rollout.tree.enabled), ``multi_turn`` (reads the model turns of multi-turn trajectories,
+``turns``: needs task.env.name).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from rlsys.algorithms import advantages as A
 from rlsys.registry import Registry
+from rlsys.types import Turn
 
 
 @dataclass
@@ -42,6 +44,10 @@ class AdvantageInputs:
     pass_k: int = 4  # pass_at_k: the k of pass@k
     # (B,) tree rollouts: each row's tree node ids, root's child first (None: flat groups)
     tree_paths: list[tuple[int, ...]] | None = None
+    # (B,) multi-turn trajectories: each row's model turns, start / end as (T-1) columns of
+    # ``mask`` (None: single-turn rows; a None row counts as one step)
+    turns: list[list[Turn] | None] | None = None
+    step_weight: float = 1.0  # gigpo: weight of the step-level advantage (the paper's omega)
 
 
 @dataclass
@@ -74,7 +80,11 @@ def _token_rewards(x: AdvantageInputs, outcome: np.ndarray) -> np.ndarray:
 
 def _per_token(x: AdvantageInputs, scalar: np.ndarray) -> Advantages:
     """Broadcast a per-sequence advantage over its tokens, plus the KL penalty's reward-to-go."""
-    adv = np.asarray(scalar, np.float64).reshape(-1, 1) * (x.mask > 0)
+    return _plus_kl_penalty(x, np.asarray(scalar, np.float64).reshape(-1, 1) * (x.mask > 0))
+
+
+def _plus_kl_penalty(x: AdvantageInputs, adv: np.ndarray) -> Advantages:
+    """(B, T-1) advantages plus the reward-to-go of the KL reward penalty, when there is one."""
     if x.kl_penalty is not None:
         adv = adv + A.discounted_returns(-x.kl_penalty, x.mask, x.gamma)
     return Advantages(adv.astype(np.float32))
@@ -124,6 +134,31 @@ def treepo(x: AdvantageInputs) -> Advantages:
         ]
     )
     return _per_token(x, scalar)
+
+
+@ADVANTAGES.register("gigpo", group=True, multi_turn=True)
+def gigpo(x: AdvantageInputs) -> Advantages:
+    """GiGPO: each model turn's tokens get its episode + step-level advantage; observation
+    tokens (mask 0) get none; a row without turns gets its episode advantage throughout."""
+    n = x.group_size
+    turns = x.turns or [None] * len(x.rewards)
+    adv = np.zeros(np.shape(x.mask))
+    for g, rewards in enumerate(_groups(x)):
+        rows = [turns[i] or [] for i in range(g * n, (g + 1) * n)]
+        episode, per_turn = A.gigpo_advantages(
+            rewards,
+            [[t.reward for t in row] for row in rows],
+            [[t.state for t in row] for row in rows],
+            x.step_weight,
+            x.gamma,
+            x.normalize_std,
+        )
+        for i, (row, values) in enumerate(zip(rows, per_turn, strict=True)):
+            if not row:
+                adv[g * n + i] = episode[i]
+            for turn, value in zip(row, values, strict=True):
+                adv[g * n + i, turn.start : turn.end] = value
+    return _plus_kl_penalty(x, adv * (np.asarray(x.mask) > 0))
 
 
 @ADVANTAGES.register("remax", greedy_baseline=True)

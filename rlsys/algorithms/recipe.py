@@ -17,7 +17,7 @@ from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.offpolicy import importance_weights
 from rlsys.algorithms.shaping import overlong_buffer_len, overlong_penalty
 from rlsys.config.algorithm import AlgorithmConfig
-from rlsys.types import RolloutGroup, Sample, TrainBatch
+from rlsys.types import RolloutGroup, Sample, TrainBatch, Turn
 
 
 class Recipe:
@@ -91,9 +91,11 @@ class Recipe:
         token_kl: np.ndarray | None = None,
         baseline_rewards: np.ndarray | None = None,
         tree_paths: list[tuple[int, ...]] | None = None,
+        turns: list[list[Turn] | None] | None = None,
     ) -> Advantages:
         """Per-token advantages (and critic targets) of ``batch``, rows ordered by group;
-        ``tree_paths``: each row's tree node ids (tree rollouts)."""
+        ``tree_paths``: each row's tree node ids (tree rollouts); ``turns``: each row's model
+        turns in ``batch`` columns (multi-turn trajectories: ``collate.batch_turns``)."""
         cfg = self.cfg
         penalty = None
         if token_kl is not None and cfg.kl_penalty == "reward":
@@ -111,6 +113,8 @@ class Recipe:
                 normalize_std=cfg.normalize_std,
                 pass_k=cfg.pass_k,
                 tree_paths=tree_paths,
+                turns=turns,
+                step_weight=cfg.gigpo_step_weight,
             )
         )
         if cfg.whiten_advantages:

@@ -17,21 +17,27 @@ class AlgorithmConfig:
     """Advantage estimator, policy loss, loss aggregation, KL and DAPO's sampling and shaping.
 
     The presets in conf/algorithm/ set these together (ppo, grpo, dr_grpo, dapo, gspo, rloo,
-    gpg, opo, pass_at_k, reinforce_pp, reinforce_pp_baseline, remax, cispo, gmpo, sapo, clip_cov,
-    kl_cov); docs/algorithms.md says what each one is.
+    gpg, opo, pass_at_k, gigpo, reinforce_pp, reinforce_pp_baseline, remax, cispo, gmpo, sapo,
+    clip_cov, kl_cov); docs/algorithms.md says what each one is.
     """
 
     name: str = "grpo"  # label for logs and presets
     # grpo | dr_grpo | rloo | gpg (r - mean, x B / (B - tied samples)) | opo (r - length-weighted
-    # group mean) | pass_at_k | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a
+    # group mean) | pass_at_k | treepo (tree rollouts) | gigpo (multi-turn: episode + step
+    # groups of equal states) | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a
     # critic)
     advantage: str = "grpo"
     normalize_std: bool = True  # grpo: divide by the group's reward std
     # pass_at_k: the k of pass@k (1 <= k < rollout.n_samples; k = 1 is GRPO with the population
     # std); a reward above 0.5 counts as a pass
     pass_k: int = 4
-    gamma: float = 1.0  # discount of gae, reinforce_pp and the KL-penalty reward-to-go
+    # discount of gae, reinforce_pp, gigpo's step returns (over turns) and the KL-penalty
+    # reward-to-go
+    gamma: float = 1.0
     lam: float = 0.95  # GAE lambda (bias-variance trade-off of the critic's advantages)
+    # gigpo: weight of the step-level advantage added to the episode-level one (the paper's
+    # omega; 0 gives GRPO's advantage on every model token)
+    gigpo_step_weight: float = 1.0
     whiten_advantages: bool = False  # normalise advantages over the batch's tokens (PPO)
     # ppo_clip | gspo (sequence-level ratio) | vanilla (REINFORCE) | cispo (clipped, detached
     # importance weight) | gmpo (geometric mean of token ratios) | sapo (soft sigmoid gate) |
@@ -162,6 +168,7 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.gamma={self.gamma} must be in (0, 1]")
         if not 0 <= self.lam <= 1:
             raise ConfigError(f"algorithm.lam={self.lam} must be in [0, 1]")
+        non_negative("algorithm.gigpo_step_weight", self.gigpo_step_weight)
         if self.loss_agg_norm is not None:
             positive("algorithm.loss_agg_norm", self.loss_agg_norm)
         non_negative("algorithm.kl_coef", self.kl_coef)
@@ -221,6 +228,14 @@ class AlgorithmConfig:
         from rlsys.algorithms.estimators import ADVANTAGES
 
         return ADVANTAGES.trait(self.advantage, "tree")
+
+    @property
+    def uses_turns(self) -> bool:
+        """Whether the estimator reads the model turns of multi-turn trajectories (needs
+        task.env.name)."""
+        from rlsys.algorithms.estimators import ADVANTAGES
+
+        return ADVANTAGES.trait(self.advantage, "multi_turn")
 
     @property
     def has_ratio(self) -> bool:

@@ -24,6 +24,7 @@ def check_train_config(cfg: TrainConfig) -> None:
     _check_replay(cfg)
     _check_tree_rollouts(cfg)
     _check_warm_start_tool_format(cfg)
+    _check_multi_turn_advantage(cfg)
 
 
 def _check_eval_sizes(cfg: TrainConfig) -> None:
@@ -222,4 +223,15 @@ def _check_warm_start_tool_format(cfg: TrainConfig) -> None:
             "warm start demonstrates tool calls in the compact <call> format, not the chat "
             "format the rollout parses; set warm_start.enabled=false (pretrained chat models "
             "need none) or task.env.tool_format=compact"
+        )
+
+
+def _check_multi_turn_advantage(cfg: TrainConfig) -> None:
+    """Step-level advantages compare the turns of multi-turn trajectories."""
+    if cfg.algorithm.uses_turns and cfg.task.env.name is None:
+        raise ConfigError(
+            f"algorithm.advantage={cfg.algorithm.advantage} groups the model turns of "
+            "multi-turn trajectories by the state they acted on, but task.env.name=null "
+            "(single-turn replies have one step); set task.env.name (e.g. task=calculator_tool "
+            "or task=guess_number) or another algorithm.advantage (e.g. grpo)"
         )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
-from rlsys.types import Sample, TrainBatch
+from rlsys.types import RolloutGroup, Sample, TrainBatch, Turn
 
 
 def pack(
@@ -60,6 +61,25 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
         for row, (sample, mask) in enumerate(zip(samples, batch.loss_mask, strict=True)):
             batch.ref_logprobs[row, mask > 0] = sample.ref_logprobs
     return batch
+
+
+def batch_turns(groups: Sequence[RolloutGroup]) -> list[list[Turn] | None] | None:
+    """(B,) the model turns of every sample of ``groups`` (in batch order), ``start`` / ``end``
+    moved to the (B, T-1) columns of ``samples_to_batch`` (``pack``'s layout: token j of a
+    response is column longest prompt - 1 + j); None when no sample has turns (single-turn)."""
+    samples = [s for g in groups for s in g.samples]
+    if not any(s.completion.turns for s in samples):
+        return None
+    offset = max(len(s.prompt_ids) for s in samples) - 1
+    return [
+        None
+        if s.completion.turns is None
+        else [
+            dataclasses.replace(t, start=t.start + offset, end=t.end + offset)
+            for t in s.completion.turns
+        ]
+        for s in samples
+    ]
 
 
 def position_ids(attention_mask):

@@ -30,7 +30,16 @@ class StepResult:
 
 class Environment(Protocol):
     """One trajectory's environment. ``step`` must not raise on any model text: malformed
-    actions are answered (and may be penalised), not errors."""
+    actions are answered (and may be penalised), not errors.
+
+    Optional: ``state_key() -> str``, the key of the environment's current state, read
+    before each ``step``. Step-level advantages (``algorithm.advantage=gigpo``) compare the
+    turns of a prompt's trajectories that acted on states with equal keys. Without it the key
+    is a digest of the observations the trajectory has seen so far (equal observations, same
+    state, whatever actions led there); define it when the state is something else, e.g. a
+    game board that different observation histories reach, or observations that differ in
+    details (timestamps) that do not matter.
+    """
 
     def step(self, action: str) -> StepResult: ...
 

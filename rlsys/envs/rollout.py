@@ -18,11 +18,20 @@ trajectories generate; the trajectories whose steps returned while a generation 
 flight go out together as the next call, so the engine still sees batches, and the steps of
 the turns that call generated start as soon as it returns. With ``lockstep`` every live
 trajectory's next turn shares one call, made once all of their steps returned.
+
+next turn would have no room in ``max_total_tokens``.
+
+Each model turn is also recorded as a ``Turn`` (its token span, its reward and the key of
+the state it acted on), for step-level advantages (GiGPO). The key is the environment's
+``state_key()`` where it defines one, else a digest of the observation tokens the trajectory
+has seen so far: the first turn of every trajectory of a group acts on the same state (the
+prompt alone), and later turns share a key when their observations so far are identical.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import logging
 import queue
@@ -33,7 +42,7 @@ from rlsys.config.env import EnvConfig
 from rlsys.envs.base import Environment, EnvironmentFactory, StepResult
 from rlsys.envs.chat_turns import CompactTurns, Transcript, Turns
 from rlsys.envs.steps import StepOutcome, StepRunner
-from rlsys.types import Completion, Episode, Prompt, SamplingParams
+from rlsys.types import Completion, Episode, Prompt, SamplingParams, Turn
 
 log = logging.getLogger(__name__)
 MIN_BATCH_WAIT_S = 0.01  # covers the threads' wake-up jitter: steps done together batch
@@ -55,6 +64,8 @@ class _Trajectory:
     versions: list[int] = dataclasses.field(default_factory=list)
     finish: str = "stop"
     episode: Episode = dataclasses.field(default_factory=Episode)
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    seen: str = ""  # digest of the observations so far: the default anchor-state key
 
     def completion(self) -> Completion:
         return Completion(
@@ -65,7 +76,14 @@ class _Trajectory:
             self.versions,
             self.mask,
             self.episode,
+            turns=self.turns,
         )
+
+
+def _extend_digest(digest: str, observation: list[int]) -> str:
+    """The state digest after ``observation`` (token ids) follows the state ``digest``."""
+    data = f"{digest}|{','.join(map(str, observation))}".encode()
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 class EpisodeRunner:
@@ -268,7 +286,9 @@ class EpisodeRunner:
         return self._append_observation(t, turn, result, ends)
 
     def _append_turn(self, t: _Trajectory, turn: Completion) -> None:
-        """Append a model turn."""
+        """Append a model turn and record it as a ``Turn`` (its reward comes with the step's
+        answer), keyed by the state it acted on."""
+        start, state = len(t.tokens), t.seen
         t.tokens += turn.token_ids
         t.logprobs += turn.logprobs
         t.mask += [1] * len(turn.token_ids)
@@ -276,6 +296,12 @@ class EpisodeRunner:
         t.finish = turn.finish_reason
         t.episode.turns += 1
         t.episode.truncated = turn.finish_reason == "length"  # cut by a token bound
+        if hasattr(t.env, "state_key"):  # the environment's own anchor-state key
+            try:
+                state = str(t.env.state_key())
+            except Exception as exc:  # noqa: BLE001 - an environment bug: the default key
+                log.warning("environment state_key() failed, observation digest used: %r", exc)
+        t.turns.append(Turn(start, len(t.tokens), 0.0, state))
 
     def _append_observation(
         self, t: _Trajectory, turn: Completion, result: StepResult, ends: set[int]
@@ -284,6 +310,7 @@ class EpisodeRunner:
         A turn whose last token is EOS (or a stop token) ends the reply; one that stopped at
         an environment stop string goes on (an engine may keep text after the match inside
         the matching token, so the ids decide, not the text)."""
+        t.turns[-1].reward = result.reward
         t.episode.reward += result.reward
         t.episode.tool_calls += int(result.tool_call)
         t.episode.tool_errors += int(result.tool_error)
@@ -305,4 +332,5 @@ class EpisodeRunner:
         t.logprobs += [0.0] * len(observation)
         t.mask += [0] * len(observation)
         t.versions += [version] * len(observation)
+        t.seen = _extend_digest(t.seen, observation)
         return True

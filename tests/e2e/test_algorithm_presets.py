@@ -52,6 +52,7 @@ DOCUMENTED = [
     "gpg",
     "opo",
     "pass_at_k",
+    "gigpo",
 ]
 
 
@@ -75,6 +76,7 @@ LOSS_VARIANTS = {
     "gpg",
     "opo",
     "pass_at_k",
+    "gigpo",
 }
 # Overrides a preset needs under SMALL: pass@k needs k below SMALL's 4 samples per prompt, and
 # rewards that pass (> 0.5): the untrained model's digit_fraction never does, so every group
@@ -84,7 +86,10 @@ EXTRA = {
         "algorithm.pass_k=2",
         "task.reward=format",
         "reward.format_pattern='.*[0-9].*'",
-    ]
+    ],
+    # gigpo groups the turns of multi-turn trajectories, so it needs a multi-turn task; SMALL's
+    # dense reward scores the whole transcript (the untrained model rarely earns the env's)
+    "gigpo": ["task=calculator_tool"],
 }
 
 

@@ -9,12 +9,15 @@ import pytest
 from test_learning import train
 
 
-def test_guess_number_trains_on_multi_turn_trajectories(run_controller):
+def test_guess_number_trains_on_multi_turn_trajectories_with_gigpo(run_controller):
     # An untrained model's replies contain digits often enough to be guesses, so the game
-    # answers and trajectories run several turns with observations between them.
+    # answers and trajectories run several turns with observations between them. The game
+    # answers every guess " higher" or " lower", so trajectories of a prompt that heard the
+    # same answers share a state (the observation digest) and form GiGPO's step groups.
     summary, steps = run_controller(
         [
             "task=guess_number",
+            "algorithm=gigpo",
             "task.eval_size=16",
             "eval.num_prompts=16",
             "sft.eval_prompts=16",
@@ -33,8 +36,12 @@ def test_guess_number_trains_on_multi_turn_trajectories(run_controller):
         assert 0.0 < record["env/model_token_frac"] < 1.0  # observations were masked
         assert record["rollout/response_tokens"] <= 64  # task.env.max_total_tokens
         assert record["reward/env"] == record["rollout/reward_mean"]
+        assert record["env/step_group_size"] > 1.0  # at least the first turns: all 4 share
         for key in ("train/loss", "train/entropy", "train/grad_norm"):
             assert math.isfinite(record[key])
+    assert summary["policy_version"] == 2
+    assert any(r["env/shared_state_frac"] > 0 for r in steps)  # later turns grouped too
+    assert any(r["train/grad_norm"] > 0 for r in steps)
 
 
 @pytest.mark.long  # about 85 s here; the test above already runs async turns (the default)

@@ -143,6 +143,7 @@ def test_the_builtin_estimators_are_registered_with_their_traits():
     assert ADVANTAGES.names() == [
         "dr_grpo",
         "gae",
+        "gigpo",
         "gpg",
         "grpo",
         "opo",
@@ -155,6 +156,7 @@ def test_the_builtin_estimators_are_registered_with_their_traits():
     ]
     assert ADVANTAGES.names(group=True) == [
         "dr_grpo",
+        "gigpo",
         "gpg",
         "grpo",
         "opo",
@@ -166,6 +168,7 @@ def test_the_builtin_estimators_are_registered_with_their_traits():
     assert ADVANTAGES.names(needs_critic=True) == ["gae"]
     assert ADVANTAGES.names(greedy_baseline=True) == ["remax"]
     assert ADVANTAGES.names(tree=True) == ["treepo"]
+    assert ADVANTAGES.names(multi_turn=True) == ["gigpo"]
 
 
 def test_outcome_estimators_add_the_kl_penalty_reward_to_go():

@@ -50,7 +50,7 @@ from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint import CheckpointStore
 from rlsys.config.elastic import RESIZABLE_GROUPS
 from rlsys.config.schema import TrainConfig
-from rlsys.data.collate import samples_to_batch
+from rlsys.data.collate import batch_turns, samples_to_batch
 from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.faults import nonfinite_streak
@@ -67,6 +67,7 @@ from rlsys.trainers.rl.sample_metrics import (
     episode_metrics,
     reward_component_metrics,
     sample_rows,
+    step_group_metrics,
     tree_metrics,
 )
 from rlsys.trainers.rl.scale_requests import ScalePlan
@@ -285,7 +286,11 @@ class Controller:
                         with timer("critic_values"):
                             batch.values = self.pools.critic.forward_values(batch)
                     adv = self.recipe.advantages(
-                        batch, token_kl, self._greedy_baseline(kept), tree_paths(kept)
+                        batch,
+                        token_kl,
+                        self._greedy_baseline(kept),
+                        tree_paths(kept),
+                        batch_turns(kept),
                     )
                     batch.advantages, batch.returns = adv.advantages, adv.returns
                     update, moved = self._update(step, batch, token_kl, timer)
@@ -586,6 +591,7 @@ class Controller:
                     **reward_component_metrics(samples),
                     **episode_metrics(samples),
                     **tree_metrics(groups),
+                    **step_group_metrics(groups),
                 }
             )
         return out

@@ -1,7 +1,9 @@
 """Per-step metrics of scored samples beyond the basics: reward components, multi-turn
-episodes and tree rollouts' token savings (the controller logs them with its rollout metrics); rows of the sample tables."""
+episodes and their step groups, tree rollouts' token savings (the controller logs them with its rollout metrics); rows of the sample tables."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 
@@ -53,6 +55,27 @@ def tree_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
     flat = sum(len(s.completion.token_ids) for g in groups for s in g.samples)
     generated = sum(generated_tokens(g) for g in groups)
     return {"rollout/tokens_saved_frac": 1.0 - generated / flat if flat else 0.0}
+
+
+def step_group_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """``env/step_group_size``: the mean, over model turns, of the number of turns of its
+    group that acted on the same state (anchor state, ``Turn.state``: GiGPO's step group);
+    ``env/shared_state_frac``: the share of turns after a trajectory's first whose step group
+    holds another turn (the first turns all share the prompt). Multi-turn tasks only."""
+    sizes: list[int] = []
+    shared: list[bool] = []
+    for group in groups:
+        rows = [s.completion.turns or [] for s in group.samples]
+        counts = Counter(t.state for row in rows for t in row)
+        for row in rows:
+            sizes += [counts[t.state] for t in row]
+            shared += [counts[t.state] > 1 for t in row[1:]]
+    if not sizes:
+        return {}
+    return {
+        "env/step_group_size": float(np.mean(sizes)),
+        "env/shared_state_frac": float(np.mean(shared)) if shared else 0.0,
+    }
 
 
 def sample_rows(groups: list[RolloutGroup], rows: int) -> list[dict]:
