@@ -95,7 +95,9 @@ class ScriptedEngine:
 
 
 def test_episode_runner_masks_observations_and_keeps_the_models_tokens(tok):
-    runner = EpisodeRunner(Calculator(), tok, EnvConfig(max_turns=3))
+    # lock-step: ScriptedEngine hands replies out in call order, which asynchronous turns
+    # (tests/unit/test_async_turns.py) make depend on when each step returns
+    runner = EpisodeRunner(Calculator(), tok, EnvConfig(max_turns=3, scheduling="lockstep"))
     prompt = Prompt(0, "Ann buys 37 bags of 48 pens.", "1776", {"expression": "37*48"})
     ids = tok.encode(prompt.text, add_special_tokens=False)
     replies = ["<call>calc 37*48</call>", "<call>calc 1+1</call>", "1776", "2"]
@@ -190,7 +192,8 @@ def test_word_problems_are_unique_deterministic_and_env_reward_needs_an_env():
 
 
 def test_turn_end_is_decided_by_token_ids_and_failures_end_only_their_trajectory(tok):
-    runner = EpisodeRunner(Calculator(), tok, EnvConfig(max_turns=4, max_total_tokens=200))
+    env = EnvConfig(max_turns=4, max_total_tokens=200, scheduling="lockstep")
+    runner = EpisodeRunner(Calculator(), tok, env)
     prompt = Prompt(0, "q", "2")
     # text after the stop string inside the stopping turn (as BPE tokens or vLLM may keep)
     # still continues; a call followed by EOS ends the reply
