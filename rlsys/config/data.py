@@ -28,7 +28,7 @@ class CurriculumConfig:
     prompt_prior_samples: float | None = 2.0
     # Fraction of each draw made uniformly over all prompts, so no prompt is starved by an
     # estimate that has gone stale.
-    uniform_mix: float = 0.1
+    uniform_mix: float = 0.02
     # What a prompt's draw weight estimates. pass_rate: a Beta posterior of the pass rate p,
     # weight 1 - p^n - (1-p)^n (the chance of a mixed group if samples were independent);
     # mixed_rate: a Beta posterior of the share of its groups that came back mixed, measured
@@ -36,7 +36,7 @@ class CurriculumConfig:
     score: str = "pass_rate"
     # Draw weight = score ** sharpness: 1 draws in proportion to the chance of a mixed group;
     # larger values concentrate the draw on the prompts most likely to give one.
-    sharpness: float = 1.0
+    sharpness: float = 3.0
 
     def check(self) -> None:
         if self.bucket_key is not None and not self.bucket_key.strip():
