@@ -96,7 +96,7 @@ class AgentRunner:
 
     def total_tokens(self, turn_tokens: int) -> int:
         """A trajectory's bound after its first prompt when one call may take ``turn_tokens``."""
-        return self.cfg.max_total_tokens or turn_tokens * self.cfg.max_turns
+        return self.cfg.total_tokens(turn_tokens)
 
     def run(
         self,

@@ -51,6 +51,11 @@ class EnvConfig:
     # openai_agent: an agent still running after this long scores 0 (its thread is abandoned)
     agent_timeout_s: float = 300.0
 
+    def total_tokens(self, turn_tokens: int) -> int:
+        """A trajectory's response-token bound when one model turn (or agent call) may take
+        ``turn_tokens``: ``max_total_tokens``, else ``turn_tokens x max_turns``."""
+        return self.max_total_tokens or turn_tokens * self.max_turns
+
     def __post_init__(self) -> None:
         one_of("task.env.tool_format", self.tool_format, ("auto", "compact", "hermes", "smollm2"))
         positive("task.env.max_turns", self.max_turns)

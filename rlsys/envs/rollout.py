@@ -103,7 +103,7 @@ class EpisodeRunner:
 
     def total_tokens(self, turn_tokens: int) -> int:
         """A trajectory's response-token bound when one model turn may take ``turn_tokens``."""
-        return self.cfg.max_total_tokens or turn_tokens * self.cfg.max_turns
+        return self.cfg.total_tokens(turn_tokens)
 
     def run(
         self,
