@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import operator
 
+from rlsys.config.env import EnvConfig
 from rlsys.envs.base import StepResult
 from rlsys.envs.tools import ToolCallError, find_call, format_call, format_result
 from rlsys.rewards.registry import numbers_in, same_number
@@ -88,6 +89,9 @@ class Calculator:
     """Makes calculator episodes; demonstrates a call on ``meta["expression"]``."""
 
     stop = ["</call>"]  # a model turn ends when its call is complete
+
+    def __init__(self, cfg: EnvConfig | None = None) -> None:
+        """``cfg`` (``task.env``) has no calculator knobs; taken as every factory takes it."""
 
     def __call__(self, prompt: Prompt) -> CalculatorEpisode:
         return CalculatorEpisode(prompt.answer)

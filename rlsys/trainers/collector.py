@@ -105,7 +105,7 @@ class RolloutCollector:
             scorer = RewardScorer.from_config(cfg.reward, reward or RewardConfig())
         episodes = None
         if cfg.env.name is not None:
-            episodes = EpisodeRunner(ENVS.get(cfg.env.name)(), tokenizer, cfg.env)
+            episodes = EpisodeRunner(ENVS.get(cfg.env.name)(cfg.env), tokenizer, cfg.env)
         return cls(
             generate,
             tokenizer,
