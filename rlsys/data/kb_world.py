@@ -14,8 +14,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
-PEOPLE, COMPANIES, CITIES = 4, 3, 3  # entities per world
+# Made-up names, a fixed pool of each kind: a world draws its entities from them and joins
+# them at random, so a fact cannot be memorised, but the names are strings a small model sees
+# often (copying them is easier than copying strings it has never seen). No word is shared.
+PEOPLE = [
+    "Zorvan Pell", "Mira Tolk", "Ossen Vey", "Kaila Dunn", "Tobin Rask", "Edda Morn",
+    "Lusa Fenn", "Arvo Kest", "Nila Brak", "Pim Orrel", "Sefa Lund", "Ruel Hask",
+    "Vanya Cole", "Doro Penk", "Ilse Varn", "Gunn Tabor",
+]  # fmt: skip
+COMPANIES = [
+    "Quillex", "Brontis", "Velcor", "Numina", "Ostrava", "Pellium", "Zentro", "Korvid",
+    "Lumeta", "Draxon", "Sabrel", "Fintor",
+]  # fmt: skip
+CITIES = [
+    "Tarsim", "Belmora", "Quenth", "Ardis", "Voltra", "Mirren", "Olbec", "Sunhal",
+    "Kestra", "Dorvik", "Ennis", "Palgar",
+]  # fmt: skip
+PEOPLE_PER_WORLD, COMPANIES_PER_WORLD, CITIES_PER_WORLD = 4, 3, 3
 
 
 @dataclass(frozen=True)
@@ -37,27 +52,13 @@ class World:
         )
 
 
-def _word(rng: np.random.Generator, syllables: int, end: str = "") -> str:
-    return ("".join(rng.choice(_SYLLABLES, syllables)) + end).capitalize()
-
-
 def world(seed: int) -> World:
-    """The world of ``seed`` (deterministic in it). Every name is a distinct word, so a name
-    is a search term that only its own facts contain."""
+    """The world of ``seed`` (deterministic in it): entities drawn from the pools, every
+    relation drawn at random."""
     rng = np.random.default_rng(seed)
-    words: set[str] = set()
-
-    def fresh(make) -> str:
-        while True:
-            name = make()
-            parts = name.split()
-            if not words.intersection(parts):
-                words.update(parts)
-                return name
-
-    people = [fresh(lambda: f"{_word(rng, 2)} {_word(rng, 2, 'n')}") for _ in range(PEOPLE)]
-    companies = [fresh(lambda: _word(rng, 2, "x")) for _ in range(COMPANIES)]
-    cities = [fresh(lambda: _word(rng, 3)) for _ in range(CITIES)]
+    people = rng.choice(PEOPLE, PEOPLE_PER_WORLD, replace=False).tolist()
+    companies = rng.choice(COMPANIES, COMPANIES_PER_WORLD, replace=False).tolist()
+    cities = rng.choice(CITIES, CITIES_PER_WORLD, replace=False).tolist()
 
     def pick(options: list[str]) -> str:
         return options[rng.integers(len(options))]

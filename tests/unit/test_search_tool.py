@@ -78,7 +78,7 @@ def test_hostile_queries_are_answered_not_raised(query):
 
 
 def test_queries_are_read_as_literal_words():
-    assert fts_query('Gutex "founded" AND (x') == '"Gutex" OR "founded" OR "AND" OR "x"'
+    assert fts_query('Lumeta "founded" AND (x') == '"Lumeta" OR "founded" OR "AND" OR "x"'
     assert fts_query("...") == ""
 
 
@@ -119,6 +119,6 @@ def test_the_answer_is_judged_by_normalised_exact_match():
     assert not env.step(f"{prompt.answer} or Tarsim").correct
     assert env.step("<call>search</call>").tool_error  # no words
     assert env.step("<call>sql SELECT 1</call>").tool_error  # another tool
-    assert normalize(" Reda  Gakin!") == "reda gakin" and not exact_match("", "")
+    assert normalize(" Zorvan  Pell!") == "zorvan pell" and not exact_match("", "")
     with pytest.raises(ConfigError, match="task.env.search.top_k"):
         SearchToolConfig(top_k=0)
