@@ -35,6 +35,7 @@ class LookupEpisode:
         self.tool, self.run, self.judge = tool, run, judge
 
     def step(self, action: str) -> StepResult:
+        """Run the turn's call, or judge the turn as the final answer; never raises."""
         try:
             call = find_call(action)
         except ToolCallError as exc:
@@ -55,6 +56,7 @@ class _Recent(OrderedDict):
     """The ``CACHED`` most recently used tools, by seed."""
 
     def get_or_make(self, seed: int, make: Callable[[int], object]):
+        """The tool of ``seed``, made by ``make(seed)`` when it is not kept."""
         if seed in self:
             self.move_to_end(seed)
         else:
@@ -75,6 +77,7 @@ class SQLEnvironment:
         self.databases = _Recent()
 
     def database(self, prompt: Prompt) -> SQLDatabase:
+        """The locked-down database of ``prompt`` (``meta["db"]``)."""
         return self.databases.get_or_make(
             int(prompt.meta["db"]), lambda seed: SQLDatabase.from_seed(seed, self.limits)
         )
@@ -104,6 +107,7 @@ class SearchEnvironment:
         self.indexes = _Recent()
 
     def index(self, prompt: Prompt) -> SearchIndex:
+        """The passage index of ``prompt``'s world (``meta["kb"]``)."""
         return self.indexes.get_or_make(
             int(prompt.meta["kb"]), lambda seed: SearchIndex.from_seed(seed, self.limits)
         )
