@@ -79,7 +79,14 @@ def run_mode(mode: str, args, cfg, pool, tokenizer, prompts, prompt_ids, worker)
     walls, counts, episodes = [], [], []
     cached = 0
     for round_ in range(args.rounds + 1):
-        factory = Latency(args.latency, args.jitter, args.turns, round_, args.tail_p, args.tail_s)
+        factory = Latency(
+            latency_s=args.latency,
+            jitter_s=args.jitter,
+            turns=args.turns,
+            seed=round_,
+            tail_p=args.tail_p,
+            tail_s=args.tail_s,
+        )
         runner = EpisodeRunner(factory, tokenizer, env_cfg)
         complete = Counted(pool, seed=1000 * round_)
         before = ray.get(worker.cached_prompt_tokens.remote())

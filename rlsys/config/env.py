@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
@@ -12,12 +12,42 @@ AGENT_ENV = "openai_agent"  # task.env.name of a user agent written against the 
 
 
 @dataclass
+class SQLToolConfig:
+    """``task.env.sql``: the bounds of the ``sql`` tool (rlsys/envs/sql.py). Every query runs
+    read-only; these bound its time and what comes back."""
+
+    time_limit_ms: int = 200  # a query still running after this is aborted (an error result)
+    max_rows: int = 8  # rows shown; more are cut and marked "..."
+    max_chars: int = 160  # result characters shown; a longer result is cut
+    max_query_chars: int = 400  # longer queries are refused unparsed
+
+    def __post_init__(self) -> None:
+        for key in ("time_limit_ms", "max_rows", "max_chars", "max_query_chars"):
+            positive(f"task.env.sql.{key}", getattr(self, key))
+
+
+@dataclass
+class SearchToolConfig:
+    """``task.env.search``: the ``search`` tool over the task's passage index
+    (rlsys/envs/search.py)."""
+
+    top_k: int = 1  # passages returned per query, best (BM25) first
+    max_chars: int = 160  # result characters shown; a longer result is cut
+    max_query_chars: int = 200  # longer queries are refused
+
+    def __post_init__(self) -> None:
+        for key in ("top_k", "max_chars", "max_query_chars"):
+            positive(f"task.env.search.{key}", getattr(self, key))
+
+
+@dataclass
 class EnvConfig:
     """``task.env``: the environment a rollout talks to between model turns (null name:
     single-turn, the model answers once)."""
 
-    # a registered environment: calculator | guess_number | latency | openai_agent (a user
-    # agent loop written against the OpenAI client, task.env.agent; docs/environments.md)
+    # a registered environment: calculator | guess_number | sql | search | latency |
+    # openai_agent (a user agent loop written against the OpenAI client, task.env.agent;
+    # docs/environments.md)
     name: str | None = None
     max_turns: int = 4  # model turns per trajectory; then it ends (truncated)
     # Response tokens over all turns, observations included (the model's turn gets what is
@@ -50,6 +80,9 @@ class EnvConfig:
     agent: str | None = None
     # openai_agent: an agent still running after this long scores 0 (its thread is abandoned)
     agent_timeout_s: float = 300.0
+
+    sql: SQLToolConfig = field(default_factory=SQLToolConfig)  # the sql environment's tool
+    search: SearchToolConfig = field(default_factory=SearchToolConfig)  # the search tool
 
     def total_tokens(self, turn_tokens: int) -> int:
         """A trajectory's response-token bound when one model turn (or agent call) may take

@@ -141,10 +141,12 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     """The verifiable task: a built-in arithmetic family, a jsonl/parquet dataset, or the
-    prompts of a built-in environment (word_problems, guess_number; see ``task.env``), or
-    the RLHF example's review continuations (reviews; see ``rlsys.data.reviews``)."""
+    prompts of a built-in environment (word_problems, guess_number, sql, search; see
+    ``task.env``), or the RLHF example's review continuations (reviews; see
+    ``rlsys.data.reviews``)."""
 
-    name: str = "arithmetic"  # arithmetic | file | word_problems | guess_number | reviews
+    # arithmetic | file | word_problems | guess_number | sql | search | reviews
+    name: str = "arithmetic"
     reward: str = "exact_match"  # reward function from the rewards registry
     # Arithmetic difficulty knobs.
     digits: int = 2  # operands have 1..digits digits
@@ -215,7 +217,8 @@ class TaskConfig:
         if self.reward == "env" and self.env.name is None:
             raise ConfigError(
                 "task.reward=env scores with the environment's reward, but task.env.name is "
-                "null; set task.env.name (calculator | guess_number) or another task.reward"
+                "null; set task.env.name (calculator | guess_number | sql | search) or another "
+                "task.reward"
             )
         if self.name == "file" and not self.train_path:
             raise ConfigError("task.name=file needs task.train_path=<file.jsonl|file.parquet>")

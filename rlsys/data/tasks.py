@@ -300,6 +300,22 @@ def guess_number_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     return TaskSplits(*guess_games(cfg, seed), cfg.max_new_tokens or QUESTION_MAX_NEW_TOKENS)
 
 
+@TASKS.register("sql")
+def sql_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """Questions about a small company database for the sql environment (one per database)."""
+    from rlsys.data.sql_questions import sql_questions
+
+    return TaskSplits(*sql_questions(cfg, seed), cfg.max_new_tokens or QUESTION_MAX_NEW_TOKENS)
+
+
+@TASKS.register("search")
+def search_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """One- and two-hop questions about a made-up world for the search environment."""
+    from rlsys.data.kb_questions import kb_questions
+
+    return TaskSplits(*kb_questions(cfg, seed), cfg.max_new_tokens or QUESTION_MAX_NEW_TOKENS)
+
+
 @TASKS.register("reviews")
 def reviews_task(cfg: TaskConfig, seed: int) -> TaskSplits:
     """Review openings for the RLHF example (a hidden labeller scores the replies)."""

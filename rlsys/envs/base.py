@@ -45,7 +45,9 @@ class Environment(Protocol):
 
 
 class EnvironmentFactory(Protocol):
-    """Makes the environment of a prompt; knows how to demonstrate the task for SFT."""
+    """Makes the environment of a prompt; knows how to demonstrate the task for SFT. The
+    factory class is called with the run's ``task.env`` config (``EnvConfig``), once per
+    rollout collector."""
 
     def __call__(self, prompt: Prompt) -> Environment: ...
 

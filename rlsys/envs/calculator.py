@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import operator
 
+from rlsys.config.env import EnvConfig
 from rlsys.envs.base import StepResult
 from rlsys.envs.tools import ToolCallError, find_call, format_call, format_result
 from rlsys.rewards.registry import numbers_in, same_number
@@ -107,6 +108,9 @@ class Calculator:
             },
         }
     ]
+
+    def __init__(self, cfg: EnvConfig | None = None) -> None:
+        """``cfg`` (``task.env``) has no calculator knobs; taken as every factory takes it."""
 
     def __call__(self, prompt: Prompt) -> CalculatorEpisode:
         return CalculatorEpisode(prompt.answer)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from rlsys.config.env import EnvConfig
 from rlsys.envs.base import StepResult
 from rlsys.rewards.registry import numbers_in
 from rlsys.types import Prompt
@@ -27,6 +28,9 @@ class GuessNumber:
     over ``meta["low"]..meta["high"]``."""
 
     stop = ["\n"]  # one guess per line
+
+    def __init__(self, cfg: EnvConfig | None = None) -> None:
+        """``cfg`` (``task.env``) has no game knobs; taken as every factory takes it."""
 
     def __call__(self, prompt: Prompt) -> GuessEpisode:
         return GuessEpisode(int(prompt.answer))

@@ -16,6 +16,7 @@ import random
 import threading
 import time
 
+from rlsys.config.env import EnvConfig
 from rlsys.envs.base import StepResult
 from rlsys.types import Prompt
 
@@ -47,6 +48,8 @@ class Latency:
 
     def __init__(
         self,
+        cfg: EnvConfig | None = None,  # the run's task.env (unused: the knobs below are fixed)
+        *,
         latency_s: float = 0.2,
         jitter_s: float = 0.05,
         turns: int = 3,

@@ -125,7 +125,7 @@ class RolloutCollector:
             agent = load_agent(cfg.env.agent or "")
             episodes = AgentRunner(agent, tokenizer, fmt, cfg.env, cfg.max_prompt_tokens)
         elif cfg.env.name is not None:
-            factory = ENVS.get(cfg.env.name)()
+            factory = ENVS.get(cfg.env.name)(cfg.env)
             prompt_format.check(tokenizer)
             fmt = make_tool_format(cfg.env.tool_format, tokenizer, cfg.chat_template)
             turns = None
