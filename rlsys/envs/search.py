@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 
 from rlsys.config.env import SearchToolConfig
 from rlsys.data.kb_world import world
@@ -39,6 +40,7 @@ class SearchIndex:
         conn.executemany("INSERT INTO passages(body) VALUES (?)", [(p,) for p in passages])
         conn.execute("PRAGMA query_only = ON")
         self.conn = conn
+        self.lock = threading.Lock()  # one query at a time (see SQLDatabase.lock)
 
     @classmethod
     def from_seed(cls, seed: int, limits: SearchToolConfig | None = None) -> SearchIndex:
@@ -53,10 +55,11 @@ class SearchIndex:
         if not match:
             return ToolReply("error: the query has no words", True)
         try:
-            rows = self.conn.execute(
-                "SELECT body FROM passages WHERE passages MATCH ? ORDER BY rank LIMIT ?",
-                (match, self.limits.top_k),
-            ).fetchall()
+            with self.lock:
+                rows = self.conn.execute(
+                    "SELECT body FROM passages WHERE passages MATCH ? ORDER BY rank LIMIT ?",
+                    (match, self.limits.top_k),
+                ).fetchall()
         except sqlite3.Error as exc:
             return ToolReply(f"error: {exc}", True)
         text = " ".join(body for (body,) in rows) or NO_MATCH

@@ -22,6 +22,7 @@ Errors of any kind come back as an ``error: ...`` result; ``run`` never raises.
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 
@@ -96,6 +97,11 @@ class SQLDatabase:
         conn.set_authorizer(_authorize)
         conn.set_progress_handler(self._over_time, _PROGRESS_EVERY)
         self.conn = conn
+        # One statement at a time: the trajectories of a prompt share this database and step
+        # on threads of their own, and two threads in one sqlite3 connection deadlock (one
+        # holds SQLite's connection mutex and waits for the GIL in the progress handler, the
+        # other holds the GIL and waits for the mutex).
+        self.lock = threading.Lock()
 
     @classmethod
     def from_seed(cls, seed: int, limits: SQLToolConfig | None = None) -> SQLDatabase:
@@ -111,22 +117,23 @@ class SQLDatabase:
         """The query's rows as text (``format_rows``), or an error reply; never raises."""
         if len(query) > self.limits.max_query_chars:
             return ToolReply(f"error: query longer than {self.limits.max_query_chars} chars", True)
-        self.deadline = time.monotonic() + self.limits.time_limit_ms / 1000
-        cursor = None
-        try:
-            cursor = self.conn.execute(query)
-            rows = cursor.fetchmany(self.limits.max_rows + 1)
-        except sqlite3.OperationalError as exc:
-            message = str(exc)
-            if message == "interrupted":
-                message = f"query ran over {self.limits.time_limit_ms} ms"
-            return ToolReply(f"error: {message}", True)
-        except (sqlite3.Error, ValueError, OverflowError, MemoryError) as exc:
-            # DatabaseError, ProgrammingError (two statements), "contains a null character"
-            return ToolReply(f"error: {exc}", True)
-        finally:
-            if cursor is not None:
-                cursor.close()  # ends the statement: nothing keeps running
+        with self.lock:
+            self.deadline = time.monotonic() + self.limits.time_limit_ms / 1000
+            cursor = None
+            try:
+                cursor = self.conn.execute(query)
+                rows = cursor.fetchmany(self.limits.max_rows + 1)
+            except sqlite3.OperationalError as exc:
+                message = str(exc)
+                if message == "interrupted":
+                    message = f"query ran over {self.limits.time_limit_ms} ms"
+                return ToolReply(f"error: {message}", True)
+            except (sqlite3.Error, ValueError, OverflowError, MemoryError) as exc:
+                # DatabaseError, ProgrammingError (two statements), "contains a null character"
+                return ToolReply(f"error: {exc}", True)
+            finally:
+                if cursor is not None:
+                    cursor.close()  # ends the statement: nothing keeps running
         more = len(rows) > self.limits.max_rows
         text = format_rows(rows[: self.limits.max_rows], more)
         if len(text) > self.limits.max_chars:

@@ -149,3 +149,33 @@ def test_value_sets_compare_numbers_by_value_and_ignore_case_and_order():
     assert not same_values("", "Ann") and not same_values("", "")
     with pytest.raises(ConfigError, match="task.env.sql.time_limit_ms"):
         SQLToolConfig(time_limit_ms=0)
+
+
+HAMMER = """
+import threading
+from rlsys.envs.search import SearchIndex
+from rlsys.envs.sql import SQLDatabase
+tools = [
+    (SQLDatabase.from_seed(1), "SELECT name FROM emp WHERE dept='Ops' ORDER BY pay DESC LIMIT 1"),
+    (SearchIndex.from_seed(1), "founded born"),
+]
+def work(tool, query):
+    for _ in range(300):
+        tool.run(query)
+threads = [threading.Thread(target=work, args=tools[i % 2], daemon=True) for i in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_threads_sharing_a_database_or_an_index_do_not_deadlock():
+    # The trajectories of a prompt share its database and step on threads of their own
+    # (asynchronous turns); unguarded, two threads in one sqlite3 connection deadlocked (a
+    # progress handler waiting for the GIL against a thread waiting for SQLite's mutex), so
+    # the hammer runs in a subprocess that a deadlock would leave hanging past the timeout.
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", HAMMER], check=True, timeout=60)
