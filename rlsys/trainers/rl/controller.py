@@ -50,16 +50,16 @@ from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint import CheckpointStore
 from rlsys.config.elastic import RESIZABLE_GROUPS
 from rlsys.config.schema import TrainConfig
-from rlsys.data.collate import batch_turns, samples_to_batch
+from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.faults import nonfinite_streak
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
-from rlsys.pipeline.tree import tree_paths
 from rlsys.pools import Pools
 from rlsys.replay import ReplayStore
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
+from rlsys.trainers.rl.group_structure import group_structure
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.run_summary import run_summary
@@ -285,13 +285,8 @@ class Controller:
                     if self.pools.critic is not None:
                         with timer("critic_values"):
                             batch.values = self.pools.critic.forward_values(batch)
-                    adv = self.recipe.advantages(
-                        batch,
-                        token_kl,
-                        self._greedy_baseline(kept),
-                        tree_paths(kept),
-                        batch_turns(kept),
-                    )
+                    structure = group_structure(kept, self.cfg.algorithm.advantage)
+                    adv = self.recipe.advantages(batch, token_kl, **structure)
                     batch.advantages, batch.returns = adv.advantages, adv.returns
                     update, moved = self._update(step, batch, token_kl, timer)
                 metrics.update(update)
@@ -396,12 +391,6 @@ class Controller:
             if evaluate:
                 metrics.update(self._timed_evaluate())
         return metrics
-
-    def _greedy_baseline(self, groups: list[RolloutGroup]) -> np.ndarray | None:
-        """ReMax's baseline: the (shaped) reward of each prompt's greedy reply, per sample."""
-        if not ADVANTAGES.trait(self.cfg.algorithm.advantage, "greedy_baseline"):
-            return None
-        return np.array([g.baseline.reward for g in groups for _ in g.samples], dtype=np.float32)
 
     def _critic_warming_up(self, step: int) -> bool:
         """During ``critic.pretrain_steps`` only the critic learns."""
