@@ -144,14 +144,17 @@ def run_controller(ray_cpu, tiny_model_dir, tmp_path):
     from rlsys.run.tracking import Tracker
     from rlsys.trainers.rl.controller import Controller
 
-    def run(overrides: list[str]) -> tuple[dict, list[dict]]:
+    def run(overrides: list[str], before=None) -> tuple[dict, list[dict]]:
+        """``before(cfg, pools, tokenizer, task)``, if given, runs on the pools first (e.g. a
+        warm-up SFT)."""
         cfg = load_config(overrides)
+        tokenizer, task = load_tokenizer(tiny_model_dir), load_task(cfg.task, 0)
         pools = start_pools(cfg, tiny_model_dir, Roles.for_rl(cfg))
         tracker = Tracker(tmp_path, cfg.tracking, "t", {}, cfg.trainer.total_steps)
         try:
-            summary = Controller(
-                cfg, pools, load_tokenizer(tiny_model_dir), load_task(cfg.task, 0), tracker
-            ).run()
+            if before is not None:
+                before(cfg, pools, tokenizer, task)
+            summary = Controller(cfg, pools, tokenizer, task, tracker).run()
         finally:
             tracker.close()
             pools.shutdown()

@@ -4,20 +4,12 @@ rollout workers, scoring and the learner; each task learns from its warm start (
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 from test_learning import train
 
-from rlsys.config.loader import load_config
-from rlsys.data.tasks import load_task
-from rlsys.models.loading import load_tokenizer
-from rlsys.placement import Roles
-from rlsys.pools import start_pools
-from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
-from rlsys.trainers.rl.controller import Controller
 from rlsys.trainers.sft import run_sft
 
 SFT_STEPS = 40  # at sft.lr=3e-3: enough for the tiny model to write well-formed calls
@@ -40,27 +32,15 @@ SHORT_RUN = [
 
 
 @pytest.fixture
-def sft_then_rl(ray_cpu, tiny_model_dir, tmp_path):
-    """``run(overrides) -> step records``: SFT on demonstrations, then the controller, on
-    the same real pools from the tiny model."""
+def sft_then_rl(run_controller):
+    """``run(overrides) -> (summary, step records)``: SFT on demonstrations, then the
+    controller, on the same real pools from the tiny model."""
 
-    def run(overrides: list[str]) -> tuple[dict, list[dict]]:
-        cfg = load_config(overrides)
-        tokenizer = load_tokenizer(tiny_model_dir)
-        task = load_task(cfg.task, 0)
-        pools = start_pools(cfg, tiny_model_dir, Roles.for_rl(cfg))
-        tracker = Tracker(tmp_path, cfg.tracking, "t", {}, cfg.trainer.total_steps)
-        try:
-            collector = RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
-            run_sft(cfg.sft, pools, collector, task, tokenizer, 0)
-            summary = Controller(cfg, pools, tokenizer, task, tracker).run()
-        finally:
-            tracker.close()
-            pools.shutdown()
-        lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-        return summary, [r for r in map(json.loads, lines) if r["step"] > 0]
+    def sft(cfg, pools, tokenizer, task) -> None:
+        collector = RolloutCollector.for_task(pools.generate, tokenizer, cfg.task)
+        run_sft(cfg.sft, pools, collector, task, tokenizer, 0)
 
-    return run
+    return lambda overrides: run_controller(overrides, before=sft)
 
 
 @pytest.mark.parametrize("task", ["sql", "search"])
