@@ -11,11 +11,14 @@ picture size and the grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlsys.config.schema import ShapesConfig
 from rlsys.types import Prompt
+
+if TYPE_CHECKING:  # the config's check imports COLOURS from here: no cycle at run time
+    from rlsys.config.schema import ShapesConfig
 
 COLOURS = {
     "red": (220, 30, 30),

@@ -45,8 +45,10 @@ class TaskSplits:
     def screen_prompts(self, encode) -> TaskSplits:
         """These splits without the prompts ``encode`` (a collector's) rejects as over
         ``task.max_prompt_tokens``, counted, so no step draws a prompt it cannot use."""
-        train, _ = encode(self.train)
-        evals, _ = encode(self.eval)
+        # the prompts as they were: encoding a VL prompt attaches its processed images, which
+        # are recomputed per draw rather than held for every prompt of the split
+        train = [p for p in self.train if encode([p])[0]]
+        evals = [p for p in self.eval if encode([p])[0]]
         dropped = len(self.train) + len(self.eval) - len(train) - len(evals)
         if not train:
             raise ValueError(

@@ -110,3 +110,20 @@ def test_file_datasets_with_an_image_column(tmp_path):
     assert np.array_equal(
         np.asarray(load_image(task.train[0].images[0])), np.asarray(scene.render())
     )
+
+
+def test_image_prompts_ride_in_trainer_state(tmp_path):
+    """The buffer's queued groups are checkpointed: a shapes prompt with its processed
+    images reads back equal (no pickle: rlsys.state_file)."""
+    import dataclasses
+
+    from rlsys.state_file import read_state, write_state
+    from rlsys.types import PromptPixels
+
+    prompt = shape_splits(ShapesConfig(), 2, 1, seed=0)[0][0]
+    pixels = PromptPixels(np.ones((64, 294), np.float32), np.array([[1, 8, 8]]))
+    prompt = dataclasses.replace(prompt, pixels=pixels)
+    write_state(tmp_path / "s.json", {"prompts": [prompt]})
+    back = read_state(tmp_path / "s.json")["prompts"][0]
+    assert back.images == prompt.images and back.answer == prompt.answer
+    assert np.array_equal(back.pixels.pixel_values, pixels.pixel_values)
