@@ -49,8 +49,9 @@ class _Sampler(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         scores = scores.float()
-        if self.suppress:
-            scores[:, self.suppress] = float("-inf")
+        if self.suppress:  # a copy: generate's own scores stay as they were
+            index = torch.tensor(self.suppress, device=scores.device)
+            scores = scores.index_fill(-1, index, float("-inf"))
         logp = torch.log_softmax(scores / self.temperature, dim=-1)
         if self.greedy:
             chosen = logp.argmax(-1)
