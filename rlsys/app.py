@@ -20,7 +20,7 @@ from rlsys.placement import Roles
 from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.run.directory import check_output_dir, make_run_dir, write_summary
 from rlsys.run.tracking import Tracker
-from rlsys.trainers.collector import RolloutCollector
+from rlsys.trainers.collector import RolloutCollector, check_group_by
 from rlsys.trainers.preference.pairs import preference_pairs
 
 log = logging.getLogger("rlsys")
@@ -454,8 +454,10 @@ def evaluate(cfg: TrainConfig) -> dict:
         cfg.task,
         cfg.reward,
     )
+    prompts = task.eval[: cfg.eval.num_prompts]
+    check_group_by(cfg.eval.group_by, prompts)
     result = collector.evaluate(
-        task.eval[: cfg.eval.num_prompts], cfg.eval.max_new_tokens or task.max_new_tokens
+        prompts, cfg.eval.max_new_tokens or task.max_new_tokens, cfg.eval.group_by
     )
     return {"model": path, **dataclasses.asdict(result)}
 

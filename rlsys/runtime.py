@@ -23,6 +23,10 @@ def quiet_libraries() -> None:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+    # the openai client's HTTP layer logs every request at INFO: an openai_agent run's agents
+    # make one per chat completion, thousands a step (httpx2 is what newer openai releases use)
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def limit_threads(num_cpus: float) -> int:

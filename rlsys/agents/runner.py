@@ -129,6 +129,7 @@ class AgentRunner:
             state.close()
             for t in trajectories:
                 server.close(t.session)
+        _refuse_untrainable(trajectories)
         done = [self._completion(t) for t in trajectories]
         return [done[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
@@ -221,13 +222,11 @@ class AgentRunner:
 
         def generate(session: Session, ids: list[int], spec: CallSpec) -> Completion | None:
             if not session.calls and len(ids) > self.max_prompt_tokens:
-                raise RequestError(
-                    400,
+                session.too_long = (
                     f"the first prompt has {len(ids)} tokens, over task.max_prompt_tokens="
-                    f"{self.max_prompt_tokens}; send a shorter conversation or raise the bound",
-                    "messages",
-                    "context_length_exceeded",
+                    f"{self.max_prompt_tokens}; send a shorter conversation or raise the bound"
                 )
+                raise RequestError(400, session.too_long, "messages", "context_length_exceeded")
             first = session.calls[0].prompt_ids if session.calls else ids
             room = total - (len(ids) - len(first))
             budget = min(room, turn_tokens, spec.max_tokens or turn_tokens)
@@ -276,6 +275,22 @@ class AgentRunner:
         episode.truncated = episode.truncated or t.session.truncated
         episode.tool_calls = t.session.tool_calls
         return c
+
+
+def _refuse_untrainable(trajectories: list[_Trajectory]) -> None:
+    """Raise when no agent of a batch got a generation because the endpoint refused their
+    first prompts as too long: a setting, not an agent's failure, and every later batch would
+    train on nothing while the run looked healthy (agents that fail on their own score 0)."""
+    if any(t.session.calls for t in trajectories):
+        return
+    refused = [t.session.too_long for t in trajectories if t.session.too_long]
+    if refused:
+        raise ConfigError(
+            f"task.env.name=openai_agent: no agent of a batch of {len(trajectories)} got a "
+            f"generation; {len(refused)} were refused because {refused[0]}. Raise "
+            "task.max_prompt_tokens (within the model's positions) or make the agent's first "
+            "prompt shorter (tool declarations of the hermes/smollm2 formats count)"
+        )
 
 
 class _Run:

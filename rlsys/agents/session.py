@@ -74,6 +74,7 @@ class Session:
         self.id, self.generate, self.tokenizer, self.fmt = sid, generate, tokenizer, fmt
         self.calls: list[RecordedCall] = []
         self.truncated = False  # a call was refused for the trajectory's bounds
+        self.too_long: str | None = None  # why its first prompt was refused, if it was
         self.lock = threading.Lock()
         self._by_tool_call: dict[str, int] = {}  # tool call id -> call index
         self._by_content: dict[str, int] = {}  # returned content -> call index

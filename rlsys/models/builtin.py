@@ -18,6 +18,14 @@ PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 BUILTIN_PREFIX = "builtin:"
 VL_NAMES = ("tiny-vl",)  # built-in names that are vision-language models (builtin_vl.py)
 _ALPHABET = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"] + ["\n"]
+# The char tokenizer's chat template: ChatML's shape in characters the alphabet covers,
+# ``<role>content</>\n`` per message and ``<assistant>`` to open the reply. With it the built-in
+# models take ``task.chat_template=true`` and serve the agent endpoint (``task.env.name=
+# openai_agent``). It does not render ``tools``: the hermes / smollm2 formats declare them.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</>\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def _char_vocab() -> dict[str, int]:
@@ -25,7 +33,8 @@ def _char_vocab() -> dict[str, int]:
 
 
 def build_char_tokenizer():
-    """A character-level fast tokenizer covering printable ASCII (vocab ~100)."""
+    """A character-level fast tokenizer covering printable ASCII (vocab ~100), with
+    ``CHAT_TEMPLATE``."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -33,9 +42,11 @@ def build_char_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left"
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def _saved_tokenizer_json(path: str) -> dict:
@@ -107,6 +118,7 @@ def builtin_dir(cfg: ModelConfig, seed: int = 0) -> Path:
             cfg.tie_word_embeddings,
         ],
         "alphabet": _ALPHABET,
+        "chat_template": CHAT_TEMPLATE,
         "seed": seed,
     }
     name = cfg.path[len(BUILTIN_PREFIX) :] or "tiny"

@@ -295,6 +295,16 @@ def pixels_of(prompts: list[Prompt]) -> list | None:
     return [p.pixels for p in prompts]
 
 
+def check_group_by(key: str | None, prompts: list[Prompt]) -> None:
+    """Refuse ``eval.group_by=key`` when none of the held-out ``prompts`` has that metadata key
+    (every per-value figure would be missing without a word)."""
+    if key is not None and not any(key in p.meta for p in prompts):
+        raise ConfigError(
+            f"eval.group_by={key!r}: no held-out prompt has that metadata key; name one "
+            "they have (the arithmetic task's is level) or set eval.group_by=null"
+        )
+
+
 def _item(prompt: Prompt, sample: Sample) -> tuple[str, str, dict]:
     """What a reward sees: the prompt text, the completion text (multi-turn: the whole
     transcript) and the prompt's metadata with the answer (and the environment's reward,

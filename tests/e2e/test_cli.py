@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rlsys.config.schema import TaskConfig
+from rlsys.data.tasks import load_task
 from rlsys.run.doctor_checks import TRAIN_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,11 +90,13 @@ def test_train_runs_on_each_topology_and_leaves_its_outputs(tmp_path, topology):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3  # eval at step 0, then two steps
     assert (run / "checkpoints" / "final" / "config.json").exists()
-    evaluated = _rlsys(
-        "eval", f"model.path={run / 'checkpoints' / 'final'}", "eval.num_prompts=16", timeout=120
-    )
+    final = f"model.path={run / 'checkpoints' / 'final'}"
+    evaluated = _rlsys("eval", final, "eval.num_prompts=16", "eval.group_by=level", timeout=120)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    assert json.loads(evaluated.stdout)["num_prompts"] == 16
+    result = json.loads(evaluated.stdout)
+    assert result["num_prompts"] == 16
+    levels = {p.meta["level"] for p in load_task(TaskConfig(), 0).eval[:16]}
+    assert set(result["accuracy_by"]) == {str(level) for level in levels}
 
 
 @pytest.mark.long  # CI runs the weight-sync benchmark; this one's stages are timed in CI's runs

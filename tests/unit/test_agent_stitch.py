@@ -177,6 +177,18 @@ def test_failing_slow_and_rewriting_agents(tokenizer):
     assert c.mask == [1] * len(c.token_ids)
 
 
+def test_a_batch_whose_first_prompts_are_all_too_long_stops_the_run(tokenizer):
+    # a setting (task.max_prompt_tokens), not an agent's failure: without the error every
+    # batch would train on nothing while the run looked healthy
+    cfg = EnvConfig(name="openai_agent", agent="x:y", tool_format="hermes")
+    runner = AgentRunner(calculator_agent, tokenizer, HermesFormat(native=False), cfg, 16)
+    sampling = SamplingParams(n=2, max_new_tokens=128)
+    with pytest.raises(ConfigError, match=r"task\.max_prompt_tokens=16.*Raise"):
+        runner.run(
+            [Prompt(0, "What is 37*48?", "1776")], [[5]], sampling, ScriptedPolicy(tokenizer)
+        )
+
+
 def test_the_run_ending_ends_the_rollout(tokenizer):
     runner = _runner(tokenizer, calculator_agent)
     out = runner.run([Prompt(0, "q", "1")], [[5]], SamplingParams(), lambda *a: None)

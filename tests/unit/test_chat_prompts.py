@@ -74,8 +74,13 @@ def test_the_formatted_prompt_counts_against_max_prompt_tokens(chat_tokenizer):
     assert kept == [] and ids == [] and collector.skipped_prompts == 1
 
 
+def test_the_builtin_tokenizer_has_the_template_above(tiny_model_dir):
+    assert load_tokenizer(tiny_model_dir).chat_template == TEMPLATE
+
+
 def test_chat_template_needs_a_tokenizer_with_one(tiny_model_dir):
     plain = load_tokenizer(tiny_model_dir)
+    plain.chat_template = None  # as a base model's
     with pytest.raises(ConfigError, match="task.chat_template"):
         _collector(plain, chat_template=True)
 

@@ -131,6 +131,7 @@ def test_empty_paths_name_the_key():
 
 def test_chat_rendering_only_with_a_template():
     tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = None  # as a base model's
     assert render_pair(tokenizer, "Q? ", "A.", chat=True) == "Q? A."  # no template: plain
     tokenizer.chat_template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
     assert render_pair(tokenizer, "Q?", "A.", chat=True) == "[user]Q?[assistant]A."

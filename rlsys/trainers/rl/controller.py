@@ -58,7 +58,7 @@ from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.pools import Pools
 from rlsys.replay import ReplayStore
 from rlsys.run.tracking import Tracker
-from rlsys.trainers.collector import RolloutCollector
+from rlsys.trainers.collector import RolloutCollector, check_group_by
 from rlsys.trainers.rl.group_structure import group_structure
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
@@ -132,12 +132,7 @@ class Controller:
             raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
         if cfg.reference_group and pools.reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
-        key = cfg.eval.group_by
-        if key is not None and not any(key in p.meta for p in task.eval[: cfg.eval.num_prompts]):
-            raise ValueError(
-                f"eval.group_by={key!r}: no held-out prompt has that metadata key; name one "
-                "they have (the arithmetic task's is level) or set eval.group_by=null"
-            )
+        check_group_by(cfg.eval.group_by, task.eval[: cfg.eval.num_prompts])
         self.collector = RolloutCollector.for_task(
             pools.generate, tokenizer, cfg.task, cfg.reward, pools.scorer
         )
