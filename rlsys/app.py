@@ -447,7 +447,9 @@ def evaluate(cfg: TrainConfig) -> dict:
         path, cfg.rollout.dtype or cfg.model.dtype, cfg.rollout
     )
     collector = RolloutCollector.for_task(
-        lambda prompts, sampling, seed, budgets: engine.generate(prompts, sampling, budgets),
+        lambda prompts, sampling, seed, budgets, images=None: engine.generate(
+            prompts, sampling, budgets, images
+        ),
         tokenizer,
         cfg.task,
         cfg.reward,

@@ -102,8 +102,9 @@ class Pools:
         sampling: SamplingParams,
         seed: int | None = None,
         budgets: list[int] | None = None,
+        images: list | None = None,
     ) -> list[list[Completion]]:
-        return self.rollout.generate(prompts, sampling, seed, budgets)
+        return self.rollout.generate(prompts, sampling, seed, budgets, images)
 
     def shutdown(self) -> None:
         """Stop every actor; a failure in one pool does not leave the others running."""
@@ -176,6 +177,7 @@ def start_pools(
             cfg.model.dtype,
             temperature,
             lora=cfg.model.lora,
+            freeze_vision=cfg.model.freeze_vision,
         )
 
     def respawn_critic(world_size: int = cfg.critic.world_size) -> LearnerGroup:

@@ -3,7 +3,8 @@ the structure, an ``.npz`` (read with ``allow_pickle=False``) for its numpy arra
 
 A checkpoint directory is something people download and share, so nothing in it may be read
 with pickle. The state is a tree of None, bool, int, float, str, list, tuple, dict, numpy
-arrays and the dataclasses of ``rlsys.types`` (the buffer's queued groups); anything else is
+arrays and the dataclasses of ``rlsys.types`` (the buffer's queued groups) and the shapes
+task's ``ShapeScene`` (a prompt's picture, described); anything else is
 refused when saving, naming where in the tree it was. Tagged JSON objects carry what JSON has
 no type for::
 
@@ -26,10 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from rlsys.data.shapes import ShapeScene
 from rlsys.types import (
     Completion,
     Episode,
     Prompt,
+    PromptPixels,
     RolloutGroup,
     Sample,
     SamplingParams,
@@ -40,7 +43,17 @@ FORMAT = "rlsys.trainer_state"
 VERSION = 1
 _CLASSES = {
     cls.__name__: cls
-    for cls in (Prompt, SamplingParams, Episode, Turn, Completion, Sample, RolloutGroup)
+    for cls in (
+        Prompt,
+        PromptPixels,  # a VL prompt's processed images
+        ShapeScene,  # a shapes prompt's picture, described (rlsys.data.shapes)
+        SamplingParams,
+        Episode,
+        Turn,
+        Completion,
+        Sample,
+        RolloutGroup,
+    )
 }
 _TAGS = ("__tuple__", "__dict__", "__array__", "__dataclass__")
 _ARRAY_KINDS = "biufc"  # bool, integers, floats, complex: nothing that holds objects

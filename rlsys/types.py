@@ -12,6 +12,15 @@ import numpy as np
 
 
 @dataclass
+class PromptPixels:
+    """A prompt's images as the vision tower reads them (``rlsys.models.vision``): the
+    processor's patches of every image, concatenated in the order their tokens appear."""
+
+    pixel_values: np.ndarray  # (N, D) float32, N patches of every image, D = C * t * p * p
+    image_grid_thw: np.ndarray  # (I, 3) int64, (t, h, w) patches per image; sum of products = N
+
+
+@dataclass
 class Prompt:
     """One task instance."""
 
@@ -19,6 +28,12 @@ class Prompt:
     text: str
     answer: str  # ground truth the verifier compares against
     meta: dict = field(default_factory=dict)
+    # images shown before the text (vision-language models): each a file path, encoded
+    # bytes (PNG, JPEG) or an object with ``render() -> PIL.Image`` (drawn on the fly from a
+    # seed: rlsys.data.shapes); see rlsys.data.images
+    images: list = field(default_factory=list)
+    # the images processed, set when the prompt is encoded for a vision-language model
+    pixels: PromptPixels | None = None
 
 
 @dataclass
@@ -164,6 +179,12 @@ class TrainBatch:
     rewards: np.ndarray | None = None  # (B,) float32
     versions: np.ndarray | None = None  # (B,) int64, policy version per sample (oldest token)
     is_weights: np.ndarray | None = None  # (B, T-1) float32, off-policy importance weights
+    # vision-language models: (B,) object arrays, one entry per row (rows of a group share
+    # one array): row i's PromptPixels.pixel_values (N_i, D) float32 and image_grid_thw
+    # (I_i, 3) int64, None on a row without images. Per row so that ``select`` and
+    # micro-batching keep a sequence's images with it; the backend concatenates them.
+    pixel_values: np.ndarray | None = None
+    image_grid_thw: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

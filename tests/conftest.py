@@ -115,6 +115,15 @@ def tiny_model_dir() -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_vl_dir() -> str:
+    """The built-in tiny vision-language model (a Qwen2-VL; built once into the rlsys cache)."""
+    from rlsys.config.schema import ModelConfig
+    from rlsys.models.loading import resolve_model_path
+
+    return resolve_model_path(ModelConfig(path="builtin:tiny-vl"))
+
+
+@pytest.fixture(scope="session")
 def ray_cpu():
     """A local Ray with 2 CPUs for the whole session."""
     import ray
@@ -137,8 +146,9 @@ def run_controller(ray_cpu, tiny_model_dir, tmp_path):
     import json
 
     from rlsys.config.loader import load_config
+    from rlsys.config.schema import ModelConfig
     from rlsys.data.tasks import load_task
-    from rlsys.models.loading import load_tokenizer
+    from rlsys.models.loading import load_tokenizer, resolve_model_path
     from rlsys.placement import Roles
     from rlsys.pools import start_pools
     from rlsys.run.tracking import Tracker
@@ -148,8 +158,11 @@ def run_controller(ray_cpu, tiny_model_dir, tmp_path):
         """``before(cfg, pools, tokenizer, task)``, if given, runs on the pools first (e.g. a
         warm-up SFT)."""
         cfg = load_config(overrides)
-        tokenizer, task = load_tokenizer(tiny_model_dir), load_task(cfg.task, 0)
-        pools = start_pools(cfg, tiny_model_dir, Roles.for_rl(cfg))
+        model_dir = tiny_model_dir  # the session's, unless the overrides name another model
+        if cfg.model.path != ModelConfig().path:
+            model_dir = resolve_model_path(cfg.model)
+        tokenizer, task = load_tokenizer(model_dir), load_task(cfg.task, 0)
+        pools = start_pools(cfg, model_dir, Roles.for_rl(cfg))
         tracker = Tracker(tmp_path, cfg.tracking, "t", {}, cfg.trainer.total_steps)
         try:
             if before is not None:

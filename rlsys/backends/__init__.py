@@ -54,9 +54,13 @@ def build_backend(
     role: str = "policy",
     trainable: bool = True,
     lora: LoraConfig | None = None,
+    freeze_vision: bool = False,
 ) -> TrainingBackend:
     """This rank's backend as ``cfg.backend`` names it (after ``init_process_group``);
     ``trainable=False``: forward passes only, no optimizer (the reference policy);
-    ``lora``: train LoRA adapters only (``model.lora``)."""
+    ``lora``: train LoRA adapters only (``model.lora``); ``freeze_vision``: a VL model's
+    vision tower neither trains nor travels (``model.freeze_vision``)."""
     common = (model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role)
-    return BACKENDS.get(cfg.backend)(cfg, *common, trainable=trainable, lora=lora)
+    backend = BACKENDS.get(cfg.backend)
+    extra = {"freeze_vision": True} if freeze_vision else {}
+    return backend(cfg, *common, trainable=trainable, lora=lora, **extra)

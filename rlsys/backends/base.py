@@ -37,7 +37,8 @@ from rlsys.models.loading import load_model, save_tokenizer
 from rlsys.models.logprobs import first_scored, greedy_next_tokens, token_logprobs
 from rlsys.models.reward_model import load_reward_model
 from rlsys.models.value import load_score_model, load_value_model, sequence_scores, token_values
-from rlsys.types import TrainBatch
+from rlsys.models.vision import SUPPRESS_KEY, VISION_PREFIX, vision_inputs
+from rlsys.types import PromptPixels, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,14 @@ _TENSOR_FIELDS = (
     "is_weights",
 )
 ROLES = ("policy", "value", "reward")
+_VISION_KEYS = ("pixel_values", "image_grid_thw", "mm_token_type_ids", SUPPRESS_KEY)
+
+
+def _vision(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """A micro-batch's image inputs (VL models), None without."""
+    return {k: t[k] for k in _VISION_KEYS if k in t} or None
+
+
 SCORE_HEADS = ("score.",)  # a sequence-classification model's head: trained in full under LoRA
 
 
@@ -103,6 +112,7 @@ class TrainingBackend(ABC):
         trainable: bool = True,
         lora: LoraConfig | None = None,
         memory: MemorySettings | None = None,
+        freeze_vision: bool = False,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
@@ -124,6 +134,8 @@ class TrainingBackend(ABC):
         self.lora = lora if lora is not None and lora.enabled and trainable else None
         if self.lora is not None and role == "value":
             raise ValueError("LoRA adapters are for the policy and reward models, not a critic")
+        # a VL model's vision tower (VISION_PREFIX) neither trains nor travels in weight syncs
+        self.freeze_vision = freeze_vision
         self.optim_cfg = optim
         self.base_lr = optim.lr
         self.optimizer_steps = 0
@@ -149,6 +161,10 @@ class TrainingBackend(ABC):
             )
         if self.mixed_precision is not None and self.device.type == "cpu":
             use_fp32_attention(module)
+        if self.freeze_vision:
+            for name, param in module.named_parameters():
+                if name.startswith(VISION_PREFIX):
+                    param.requires_grad_(False)
         if self.memory.activation_checkpointing and self.trainable:
             blocks.checkpoint_layers(module)  # before compiling: the checkpoint is traced
         if self.compile_layers:
@@ -272,6 +288,14 @@ class TrainingBackend(ABC):
             value = getattr(batch, name)
             if value is not None:
                 out[name] = torch.from_numpy(value[rows]).to(self.device)
+        if batch.pixel_values is not None:  # a VL model: these rows' images, in row order
+            pixels = [
+                None
+                if batch.pixel_values[r] is None
+                else PromptPixels(batch.pixel_values[r], batch.image_grid_thw[r])
+                for r in rows
+            ]
+            out.update(vision_inputs(self.module.config, out["input_ids"], pixels, self.device))
         return out
 
     @torch.no_grad()
@@ -300,6 +324,7 @@ class TrainingBackend(ABC):
                 t["attention_mask"],
                 self.temperature,
                 first_scored(t["loss_mask"]),
+                vision=_vision(t),
             )[0],
         )
 
@@ -326,7 +351,10 @@ class TrainingBackend(ABC):
     def greedy_tokens(self, batch: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
         """This rank's rows and the argmax next token at every position, (rows, T-1)."""
         return self._map_rows(
-            batch, lambda t: greedy_next_tokens(self.model, t["input_ids"], t["attention_mask"])
+            batch,
+            lambda t: greedy_next_tokens(
+                self.model, t["input_ids"], t["attention_mask"], _vision(t)
+            ),
         )
 
     def _outputs(self, t: dict[str, torch.Tensor], entropy_grad: bool) -> dict[str, torch.Tensor]:
@@ -343,6 +371,7 @@ class TrainingBackend(ABC):
             first_scored(t["loss_mask"]),
             entropy=True,
             entropy_grad=entropy_grad,
+            vision=_vision(t),
         )
         return {"logprobs": logprobs, "entropy": entropy}
 
@@ -465,7 +494,10 @@ class TrainingBackend(ABC):
             ]
         persistent = self.module.state_dict().keys()
         buffers = [(n, b) for n, b in self.module.named_buffers() if n in persistent]
-        return list(self.module.named_parameters()) + buffers
+        named = list(self.module.named_parameters()) + buffers
+        if self.freeze_vision:  # the engines hold the same frozen tower already
+            named = [(n, t) for n, t in named if not n.startswith(VISION_PREFIX)]
+        return named
 
     def save_hf(self, path: str) -> None:
         """Write the policy (or reward model) as a Hugging Face directory (rank 0 writes; all

@@ -107,6 +107,9 @@ class ModelConfig:
     intermediate_size: int = 512  # MLP width
     max_position_embeddings: int = 256  # longest prompt + response in tokens
     tie_word_embeddings: bool = False  # Qwen2 default; tied embeddings slow a tiny model down
+    # Vision-language models (builtin:tiny-vl, a Qwen2-VL directory): false trains the vision
+    # tower too and weight syncs carry it; true keeps it as loaded and never sends it
+    freeze_vision: bool = True
     lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters (rank 0: off)
 
     def __post_init__(self) -> None:
@@ -139,6 +142,34 @@ class ModelConfig:
 
 
 @dataclass
+class ShapesConfig:
+    """Difficulty knobs of the ``shapes`` task (count the shapes of one colour in a picture;
+    rlsys.data.shapes)."""
+
+    max_shapes: int = 4  # shapes per picture: 1..max_shapes, each in its own grid cell
+    colours: list[str] = field(default_factory=lambda: ["red", "green", "blue"])  # in play
+    image_size: int = 56  # picture width and height in pixels
+    grid: int = 4  # cells per side (a shape fills most of one cell)
+
+    def __post_init__(self) -> None:
+        from rlsys.data.shapes import COLOURS  # here: the task imports this module
+
+        positive("task.shapes.image_size", self.image_size)
+        positive("task.shapes.grid", self.grid)
+        if not 1 <= self.max_shapes <= min(9, self.grid * self.grid):
+            raise ConfigError(
+                f"task.shapes.max_shapes={self.max_shapes} must be 1..9 (a one-digit answer) "
+                f"and at most task.shapes.grid^2={self.grid * self.grid}; change either"
+            )
+        bad = [c for c in self.colours if c not in COLOURS]
+        if bad or not self.colours:
+            raise ConfigError(
+                f"task.shapes.colours={list(self.colours)} must be a non-empty subset of "
+                f"{list(COLOURS)}"
+            )
+
+
+@dataclass
 class TaskConfig:
     """The verifiable task: a built-in arithmetic family, a jsonl/parquet dataset, or the
     prompts of a built-in environment (word_problems, guess_number, sql, search; see
@@ -164,6 +195,10 @@ class TaskConfig:
     eval_path: str | None = None  # null: hold out eval_size rows of train_path
     prompt_key: str = "prompt"  # column holding the prompt text
     answer_key: str = "answer"  # column holding the ground truth
+    # column holding an image (a path, encoded bytes or a data:image/...;base64 URL, or a
+    # list of them), shown before the prompt text; null: text only. Needs a VL model.
+    image_key: str | None = None
+    shapes: ShapesConfig = field(default_factory=ShapesConfig)  # task.name=shapes only
     max_prompt_tokens: int = 64  # longer prompts are skipped and counted
     max_new_tokens: int | None = None  # null: the task's own bound (arithmetic: answer + EOS)
     # Prompt formatting (any task): what the model sees around each prompt's text.

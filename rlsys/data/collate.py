@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlsys.types import RolloutGroup, Sample, TrainBatch, Turn
+from rlsys.types import PromptPixels, RolloutGroup, Sample, TrainBatch, Turn
 
 
 def pack(
@@ -54,12 +54,26 @@ def samples_to_batch(samples: Sequence[Sample], pad_id: int) -> TrainBatch:
         [s.completion.logprobs for s in samples],
         [s.completion.mask for s in samples],
     )
+    attach_pixels(batch, [s.prompt.pixels for s in samples])
     batch.rewards = np.array([s.reward for s in samples], dtype=np.float32)
     batch.versions = np.array([s.completion.version for s in samples], dtype=np.int64)
     if samples and all(s.ref_logprobs is not None for s in samples):
         batch.ref_logprobs = np.zeros_like(batch.behaviour_logprobs)
         for row, (sample, mask) in enumerate(zip(samples, batch.loss_mask, strict=True)):
             batch.ref_logprobs[row, mask > 0] = sample.ref_logprobs
+    return batch
+
+
+def attach_pixels(batch: TrainBatch, pixels: Sequence[PromptPixels | None]) -> TrainBatch:
+    """Give ``batch`` row i's images ``pixels[i]`` (VL models; see ``TrainBatch``); nothing
+    when no row has any. Rows of one prompt share its arrays (no copies)."""
+    if all(p is None for p in pixels):
+        return batch
+    batch.pixel_values = np.empty(len(pixels), dtype=object)
+    batch.image_grid_thw = np.empty(len(pixels), dtype=object)
+    for i, p in enumerate(pixels):
+        if p is not None:
+            batch.pixel_values[i], batch.image_grid_thw[i] = p.pixel_values, p.image_grid_thw
     return batch
 
 

@@ -12,6 +12,7 @@ File tasks read jsonl or parquet rows with configurable prompt and answer column
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -23,6 +24,7 @@ import numpy as np
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TaskConfig
+from rlsys.data.images import BINARY_URL
 from rlsys.registry import Registry
 from rlsys.types import Prompt
 
@@ -43,8 +45,10 @@ class TaskSplits:
     def screen_prompts(self, encode) -> TaskSplits:
         """These splits without the prompts ``encode`` (a collector's) rejects as over
         ``task.max_prompt_tokens``, counted, so no step draws a prompt it cannot use."""
-        train, _ = encode(self.train)
-        evals, _ = encode(self.eval)
+        # the prompts as they were: encoding a VL prompt attaches its processed images, which
+        # are recomputed per draw rather than held for every prompt of the split
+        train = [p for p in self.train if encode([p])[0]]
+        evals = [p for p in self.eval if encode([p])[0]]
         dropped = len(self.train) + len(self.eval) - len(train) - len(evals)
         if not train:
             raise ValueError(
@@ -177,8 +181,9 @@ def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
 
 
 def _plain(value):
-    """A parquet value as JSON would hold it (dates, decimals and bytes as strings), so a
-    row's extra columns can ride in checkpoints (rlsys.state_file holds plain values only)."""
+    """A parquet value as JSON would hold it (dates, decimals and bytes as strings; bytes that
+    are not UTF-8, such as an image column's, as a base64 data URL that load_image reads), so
+    a row's extra columns can ride in checkpoints (rlsys.state_file holds plain values only)."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -186,7 +191,10 @@ def _plain(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return BINARY_URL + base64.b64encode(value).decode("ascii")
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
@@ -241,8 +249,17 @@ def _rows_to_prompts(rows: list[dict], cfg: TaskConfig, uid0: int) -> tuple[list
         if not isinstance(text, str) or answer is None or isinstance(answer, (dict, list)):
             skipped += 1
             continue
-        meta = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}
-        prompts.append(Prompt(uid=uid0 + len(prompts), text=text, answer=str(answer), meta=meta))
+        meta = {
+            k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key, cfg.image_key)
+        }
+        images = row.get(cfg.image_key) if cfg.image_key else None
+        if cfg.image_key and images is None:
+            skipped += 1
+            continue
+        images = [] if images is None else list(images) if isinstance(images, list) else [images]
+        prompts.append(
+            Prompt(uid=uid0 + len(prompts), text=text, answer=str(answer), meta=meta, images=images)
+        )
     return prompts, skipped
 
 
@@ -282,6 +299,15 @@ def file_task(cfg: TaskConfig, seed: int) -> TaskSplits:
             "too few to hold out an eval split (a fifth at most); add rows or set task.eval_path"
         )
     return TaskSplits(train, evals, cfg.max_new_tokens or 256, skipped)
+
+
+@TASKS.register("shapes")
+def shapes_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """Count the shapes of one colour in a rendered picture (rlsys.data.shapes); a VL model."""
+    from rlsys.data.shapes import shape_splits
+
+    train, evals = shape_splits(cfg.shapes, cfg.train_size, cfg.eval_size, seed)
+    return TaskSplits(train, evals, cfg.max_new_tokens or 2)
 
 
 @TASKS.register("word_problems")

@@ -27,10 +27,13 @@ class RolloutEngine(Protocol):
         prompts: list[list[int]],
         sampling: SamplingParams,
         budgets: list[int] | None = None,
+        images: list | None = None,
     ) -> list[list[Completion]]:
         """``sampling.n`` completions per prompt (token ids in, token ids and each token's
         behaviour log-probability out); prompt i gets at most ``budgets[i]`` new tokens
-        (default ``sampling.max_new_tokens``). After ``abort``, unfinished sequences end with
+        (default ``sampling.max_new_tokens``) and, for a vision-language model, shows
+        ``images[i]`` (its ``PromptPixels``, whose placeholder tokens are in its ids; None:
+        no images; an engine that cannot show images raises ValueError naming the fix). After ``abort``, unfinished sequences end with
         ``finish_reason="abort"`` and what they produced so far."""
         ...
 

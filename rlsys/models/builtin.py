@@ -16,6 +16,7 @@ from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 BUILTIN_PREFIX = "builtin:"
+VL_NAMES = ("tiny-vl",)  # built-in names that are vision-language models (builtin_vl.py)
 _ALPHABET = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"] + ["\n"]
 # The char tokenizer's chat template: ChatML's shape in characters the alphabet covers,
 # ``<role>content</>\n`` per message and ``<assistant>`` to open the reply. With it the built-in
@@ -48,15 +49,37 @@ def build_char_tokenizer():
     return tokenizer
 
 
+def _saved_tokenizer_json(path: str) -> dict:
+    try:
+        with open(Path(path) / "tokenizer.json", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def saved_char_tokenizer(path: str) -> bool:
     """Whether the model directory ``path`` holds the built-in char tokenizer (its
     ``tokenizer.json`` read as data; False when there is none or it does not parse)."""
-    try:
-        with open(Path(path) / "tokenizer.json", encoding="utf-8") as fh:
-            model = json.load(fh).get("model") or {}
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return False
-    return model.get("type") == "WordLevel" and model.get("vocab") == _char_vocab()
+    model = _saved_tokenizer_json(path).get("model") or {}
+    return (
+        isinstance(model, dict)
+        and model.get("type") == "WordLevel"
+        and model.get("vocab") == _char_vocab()
+    )
+
+
+def saved_extra_tokens(path: str) -> list[str]:
+    """Special tokens the char tokenizer at ``path`` has beyond its own (the VL model's
+    vision tokens), in id order."""
+    added = _saved_tokenizer_json(path).get("added_tokens") or []
+    own = set(_char_vocab())
+    rows = sorted(
+        (t["id"], t["content"])
+        for t in added
+        if isinstance(t, dict) and t.get("content") not in own
+    )
+    return [content for _, content in rows]
 
 
 def build_tiny_model(cfg: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, seed: int):
@@ -99,9 +122,19 @@ def builtin_dir(cfg: ModelConfig, seed: int = 0) -> Path:
         "seed": seed,
     }
     name = cfg.path[len(BUILTIN_PREFIX) :] or "tiny"
+    vision = name in VL_NAMES
+    if vision:
+        from rlsys.models.builtin_vl import vision_spec
+
+        spec["vision"] = vision_spec()
     target = cache_dir() / "models" / f"{name}-{fingerprint(spec)}"
     if not (target / "config.json").exists():
         with atomic_dir(target) as tmp:
+            if vision:
+                from rlsys.models.builtin_vl import save_tiny_vl
+
+                save_tiny_vl(cfg, tmp, seed)
+                return target
             tokenizer = build_char_tokenizer()
             model = build_tiny_model(
                 cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed

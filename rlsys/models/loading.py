@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import ModelConfig
@@ -13,6 +14,7 @@ from rlsys.models.builtin import (
     build_char_tokenizer,
     builtin_dir,
     saved_char_tokenizer,
+    saved_extra_tokens,
 )
 from rlsys.models.gguf import GGUF_PREFIX, gguf_dir
 
@@ -67,7 +69,11 @@ def saved_tokenizer(path: str):
     byte-level pre-tokenizer drops spaces, and importing AutoTokenizer costs seconds of every
     run's start."""
     if saved_char_tokenizer(path):
-        return build_char_tokenizer()
+        tokenizer = build_char_tokenizer()
+        extra = saved_extra_tokens(path)
+        if extra:  # the VL model's vision tokens, with the ids they were saved with
+            tokenizer.add_special_tokens({"additional_special_tokens": extra})
+        return tokenizer
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
@@ -82,11 +88,19 @@ def save_tokenizer(model_path: str, out_dir: str, padding_side: str | None = Non
     if padding_side is not None:
         tokenizer.padding_side = padding_side
     tokenizer.save_pretrained(out_dir)
+    processor = os.path.join(model_path, "preprocessor_config.json")
+    if os.path.isfile(processor):  # a VL model's image processor goes with its tokenizer
+        shutil.copyfile(processor, os.path.join(out_dir, "preprocessor_config.json"))
 
 
 def load_tokenizer(path: str):
-    """The tokenizer at ``path``, left-padding, with a pad token."""
+    """The tokenizer at ``path``, left-padding, with a pad token; a vision-language model's
+    carries its image processor as ``image_encoder`` (``rlsys.models.vision.ImageEncoder``;
+    None for text-only models), as a Hugging Face processor bundles the two."""
+    from rlsys.models.vision import ImageEncoder, is_vision_model
+
     tokenizer = saved_tokenizer(path)
+    tokenizer.image_encoder = ImageEncoder(path) if is_vision_model(path) else None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -94,12 +108,16 @@ def load_tokenizer(path: str):
 
 
 def load_model(path: str, dtype: str = "float32"):
-    """The causal LM at ``path`` in ``dtype``, in eval mode."""
+    """The causal LM at ``path`` in ``dtype``, in eval mode (a vision-language model, e.g.
+    Qwen2-VL, as its image-text-to-text class)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from rlsys.models.vision import is_vision_model
+
+    auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _DTYPES[dtype]))
+        model = auto.from_pretrained(path, dtype=getattr(torch, _DTYPES[dtype]))
     except OSError as exc:
         raise FileNotFoundError(
             f"model.path={path!r} is neither a local Hugging Face directory nor a reachable "

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from rlsys.data.collate import position_ids
+from rlsys.models.vision import SUPPRESS_KEY
 
 CHUNK_BYTES = 64 << 20  # fp32 logits per chunk of rows in the log-sum-exp and entropy
 
@@ -25,16 +26,29 @@ def first_scored(loss_mask: torch.Tensor) -> int:
 
 
 def _logits(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int = 0
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    first: int = 0,
+    vision: dict | None = None,
 ) -> torch.Tensor:
-    """Next-token logits at positions ``first .. T-2``: (B, T-1-first, V)."""
-    return model(
+    """Next-token logits at positions ``first .. T-2``: (B, T-1-first, V). ``vision``: a VL
+    model's image inputs (``rlsys.models.vision.vision_inputs``); the model then derives its
+    own (multimodal rotary) positions from the ids, images and mask, as it does generating."""
+    vision = dict(vision or {})
+    suppress = vision.pop(SUPPRESS_KEY, None)
+    positions = None if vision else position_ids(attention_mask)
+    logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        position_ids=position_ids(attention_mask),
+        position_ids=positions,
         use_cache=False,
         logits_to_keep=input_ids.shape[1] - first,
+        **vision,
     ).logits[:, :-1]
+    if suppress is not None and len(suppress):  # as the engine samples: see vision_token_ids
+        logits = logits.index_fill(-1, suppress, float("-inf"))
+    return logits
 
 
 def _row_chunks(logits: torch.Tensor) -> int:
@@ -44,8 +58,10 @@ def _row_chunks(logits: torch.Tensor) -> int:
 
 
 def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) given its log-sum-exp: lse - sum(p * logits)."""
-    return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    """Entropy of softmax(logits) given its log-sum-exp: lse - sum(p * logits) (tokens with
+    logit -inf, a VL model's suppressed placeholders, have p = 0 and add nothing)."""
+    finite = logits.masked_fill(torch.isinf(logits), 0.0)
+    return lse - (torch.softmax(logits, dim=-1) * finite).sum(-1)
 
 
 def token_logprobs(
@@ -56,6 +72,7 @@ def token_logprobs(
     first: int = 0,
     entropy: bool = False,
     entropy_grad: bool = False,
+    vision: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log pi(x_{t+1} | x_{<=t}) at each position, (B, T-1), and the policy entropy there
     (``entropy``; else None).
@@ -66,7 +83,7 @@ def token_logprobs(
     unless ``entropy_grad`` (an entropy bonus in the loss), which keeps a (B, T, V)
     probability tensor for the backward pass.
     """
-    logits = _logits(model, input_ids, attention_mask, first).float()
+    logits = _logits(model, input_ids, attention_mask, first, vision).float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, first + 1 :].unsqueeze(-1)
@@ -87,7 +104,7 @@ def token_logprobs(
 
 
 def greedy_next_tokens(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, vision: dict | None = None
 ) -> torch.Tensor:
     """The argmax next token after every prefix, (B, T-1): what greedy decoding would pick."""
-    return _logits(model, input_ids, attention_mask).argmax(-1)
+    return _logits(model, input_ids, attention_mask, 0, vision).argmax(-1)

@@ -14,11 +14,14 @@ from rlsys.pipeline.feeder import Request
 from rlsys.pipeline.gate import RolloutGate
 from rlsys.pipeline.loop import Loop
 from rlsys.pipeline.tree import sample_tree
+from rlsys.trainers.collector import pixels_of
 from rlsys.types import Completion, Prompt, RolloutGroup, SamplingParams
 
-# (worker, prompt ids, sampling, seed, per-prompt token budgets) -> completions per prompt
+# (worker, prompt ids, sampling, seed, per-prompt token budgets[, per-prompt images]) ->
+# completions per prompt (the images only when a prompt has some)
 GenerateOn = Callable[
-    [int, list[list[int]], SamplingParams, int | None, list[int] | None], list[list[Completion]]
+    [int, list[list[int]], SamplingParams, int | None, list[int] | None, list | None],
+    list[list[Completion]],
 ]
 # (worker, its error) -> whether the worker was replaced (then the call is retried)
 ReplaceWorker = Callable[[int, BaseException], bool]
@@ -128,14 +131,24 @@ class RolloutLoop(Loop):
         self, request: Request, sampling: SamplingParams
     ) -> list[list[Completion]] | None:
         """Finished completions (multi-turn: trajectories) per prompt of ``request``."""
+        images = pixels_of(request.prompts)
+        if images is not None and (self.episodes is not None or self.tree is not None):
+            raise ValueError(
+                "prompts with images take flat single-turn rollouts; set rollout.tree.enabled="
+                "false and task.env.name=null"
+            )
         if self.episodes is None and self.tree is not None and sampling.n > 1:
             return sample_tree(request.prompt_ids, sampling, self.tree, self._complete)
         if self.episodes is None:
-            return self._complete(request.prompt_ids, sampling, None)
+            return self._complete(request.prompt_ids, sampling, None, images)
         return self.episodes.run(request.prompts, request.prompt_ids, sampling, self._complete)
 
     def _call(
-        self, prompt_ids: list[list[int]], sampling: SamplingParams, budgets: list[int] | None
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingParams,
+        budgets: list[int] | None,
+        images: list | None = None,
     ) -> list[list[Completion]] | None:
         """One generation call through the gate (retried on a replaced worker); None once
         the run is ending."""
@@ -145,8 +158,10 @@ class RolloutLoop(Loop):
             try:
                 self.calls += 1
                 with self.busy():
+                    seed = self.seed + self.calls
+                    extra = () if images is None else (images,)  # text-only: 5 arguments
                     return self.generate_on(
-                        self.worker, prompt_ids, sampling, self.seed + self.calls, budgets
+                        self.worker, prompt_ids, sampling, seed, budgets, *extra
                     )
             except Exception as exc:  # noqa: BLE001 - replace_worker decides what is fatal
                 failure = exc
@@ -161,11 +176,13 @@ class RolloutLoop(Loop):
         prompt_ids: list[list[int]],
         sampling: SamplingParams,
         budgets: list[int] | None = None,
+        images: list | None = None,
     ) -> list[list[Completion]] | None:
         """``sampling.n`` finished completions per prompt (prompt i at most ``budgets[i]``
-        tokens), continuing aborted ones (partial rollouts); None if the run ends first."""
+        tokens, showing ``images[i]``), continuing aborted ones (partial rollouts); None if
+        the run ends first."""
         limits = budgets or [sampling.max_new_tokens] * len(prompt_ids)
-        out = self._call(prompt_ids, sampling, budgets)
+        out = self._call(prompt_ids, sampling, budgets, images)
         while out is not None:
             pending = []
             for i, group in enumerate(out):
@@ -184,6 +201,7 @@ class RolloutLoop(Loop):
                 [prompt_ids[i] + out[i][j].token_ids for i, j in pending],
                 dataclasses.replace(sampling, n=1),
                 [limits[i] - len(out[i][j].token_ids) for i, j in pending],
+                None if images is None else [images[i] for i, _ in pending],
             )
             if more is None:
                 return None

@@ -21,10 +21,9 @@ from rlsys.rewards.scorer import RewardScorer
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
 log = logging.getLogger(__name__)
-# (prompt ids, sampling, seed, per-prompt token budgets) -> completions per prompt
-GenerateFn = Callable[
-    [list[list[int]], SamplingParams, int | None, list[int] | None], list[list[Completion]]
-]
+# (prompt ids, sampling, seed, per-prompt token budgets[, per-prompt images]) -> completions
+# per prompt; the images (PromptPixels) are passed only when a prompt has some
+GenerateFn = Callable[..., list[list[Completion]]]
 
 
 @dataclass
@@ -101,6 +100,8 @@ class RolloutCollector:
         self.prompt_format = prompt_format or PromptFormat()
         self.prompt_format.check(tokenizer)
         self.episodes = episodes
+        # a VL model's image processor (rlsys.models.loading.load_tokenizer sets it)
+        self.images = getattr(tokenizer, "image_encoder", None)
         self.reward_errors = 0
         self.skipped_prompts = 0
 
@@ -146,7 +147,11 @@ class RolloutCollector:
         """
         kept, ids = [], []
         for prompt in prompts:
-            text = self.prompt_format.render(prompt.text, self.tokenizer)
+            text = prompt.text
+            if prompt.images:  # processed now: the pixels travel with the prompt from here on
+                prompt = self._with_pixels(prompt)
+                text = self.images.text(text, prompt.pixels)
+            text = self.prompt_format.render(text, self.tokenizer)
             tokens = self.tokenizer.encode(text, add_special_tokens=False)
             if len(tokens) > self.max_prompt_tokens:
                 self.skipped_prompts += 1
@@ -154,6 +159,22 @@ class RolloutCollector:
             kept.append(prompt)
             ids.append(tokens)
         return kept, ids
+
+    def _with_pixels(self, prompt: Prompt) -> Prompt:
+        """``prompt`` with its images processed (a ConfigError if the model takes none)."""
+        if self.images is None:
+            raise ConfigError(
+                f"prompt {prompt.uid} has images but model.path is a text-only model; use a "
+                "vision-language model (model=tiny-vl, or a Qwen2-VL directory or hub id)"
+            )
+        if self.episodes is not None:
+            raise ConfigError(
+                "prompts with images are single-turn only; set task.env.name=null with a "
+                "task whose prompts carry images"
+            )
+        if prompt.pixels is not None:
+            return prompt
+        return dataclasses.replace(prompt, pixels=self.images.pixels(prompt))
 
     def generate(
         self, prompts: list[Prompt], sampling: SamplingParams, seed: int | None = None
@@ -170,7 +191,9 @@ class RolloutCollector:
                 lambda ids, params, budgets: self.generate_fn(ids, params, seed, budgets),
             )
         else:
-            completions = self.generate_fn(prompt_ids, sampling, seed, None)
+            images = pixels_of(prompts)
+            extra = () if images is None else (images,)
+            completions = self.generate_fn(prompt_ids, sampling, seed, None, *extra)
         return self.build_groups(prompts, prompt_ids, completions)
 
     def demonstration(self, prompt: Prompt) -> tuple[list[int], list[int]]:
@@ -262,6 +285,14 @@ class RolloutCollector:
             num_prompts=len(samples),
             accuracy_by={value: float(np.mean(right)) for value, right in sorted(by_value.items())},
         )
+
+
+def pixels_of(prompts: list[Prompt]) -> list | None:
+    """(prompts,) each prompt's ``PromptPixels`` (None without images); None when no prompt
+    has images (a text-only call)."""
+    if all(p.pixels is None for p in prompts):
+        return None
+    return [p.pixels for p in prompts]
 
 
 def check_group_by(key: str | None, prompts: list[Prompt]) -> None:

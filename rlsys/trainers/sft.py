@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rlsys.algorithms.objectives import SFTObjective
 from rlsys.config.schema import SFTConfig
-from rlsys.data.collate import pack
+from rlsys.data.collate import attach_pixels, pack
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.pools import Pools
@@ -60,6 +60,7 @@ def run_sft(
             tokenizer.pad_token_id,
             response_masks=[mask for _, mask in targets],
         )
+        attach_pixels(batch, [p.pixels for p in prompts])
         metrics = {
             f"sft/{k}": v
             for k, v in pools.learner.train_step(

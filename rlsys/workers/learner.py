@@ -63,9 +63,11 @@ class LearnerWorker:
         role: str = "policy",
         trainable: bool = True,
         lora: LoraConfig | None = None,
+        freeze_vision: bool = False,
     ) -> None:
         """Join the learners' process group and build the backend ``cfg.backend`` names
-        (``trainable=False``: forward passes only, no optimizer; ``lora``: adapters only)."""
+        (``trainable=False``: forward passes only, no optimizer; ``lora``: adapters only;
+        ``freeze_vision``: a VL model's vision tower stays as loaded)."""
         import torch
         import torch.distributed as dist
 
@@ -81,7 +83,7 @@ class LearnerWorker:
             world_size=self.world_size,
         )
         self.backend = build_backend(
-            cfg, model_path, dtype, temperature, device, role, trainable, lora
+            cfg, model_path, dtype, temperature, device, role, trainable, lora, freeze_vision
         )
 
     def forward_logprobs(self, batch: TrainBatch):
@@ -169,6 +171,7 @@ class LearnerGroup:
         role: str = "policy",
         trainable: bool = True,
         lora: LoraConfig | None = None,
+        freeze_vision: bool = False,
     ) -> None:
         self.cfg = cfg
         self.lora = lora if lora is not None and lora.enabled and trainable else None
@@ -188,7 +191,16 @@ class LearnerGroup:
             ray.get(
                 [
                     w.setup.remote(
-                        addr, port, model_path, dtype, cfg, temperature, role, trainable, lora
+                        addr,
+                        port,
+                        model_path,
+                        dtype,
+                        cfg,
+                        temperature,
+                        role,
+                        trainable,
+                        lora,
+                        freeze_vision,
                     )
                     for w in self.workers
                 ]

@@ -63,9 +63,16 @@ class RolloutWorker:
         return self._engine_thread.submit(fn, *args).result()
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, budgets: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        budgets: list[int] | None = None,
+        images: list | None = None,
     ):
-        return self._on_engine_thread(self.engine.generate, prompts, sampling, budgets)
+        """See ``RolloutEngine.generate`` (``images``: per prompt, its PromptPixels or None;
+        passed on only when given, so text-only engines keep their signature)."""
+        extra = () if images is None else (images,)
+        return self._on_engine_thread(self.engine.generate, prompts, sampling, budgets, *extra)
 
     def connect_weight_sync(
         self, transport: WeightTransport, rank: int, world_size: int, address: SyncAddress
@@ -189,6 +196,7 @@ class RolloutPool:
         sampling: SamplingParams,
         seed: int | None = None,
         budgets: list[int] | None = None,
+        images: list | None = None,
     ) -> ray.ObjectRef:
         """Start generating ``prompts`` on worker ``worker``, seeded ``seed``, with
         ``rollout.stop`` / ``rollout.stop_token_ids`` added to the call's own stop strings and
@@ -202,7 +210,7 @@ class RolloutPool:
                 dict.fromkeys([*sampling.stop_token_ids, *self.cfg.stop_token_ids])
             ),
         )
-        return self.workers[worker].generate.remote(prompts, params, budgets)
+        return self.workers[worker].generate.remote(prompts, params, budgets, images)
 
     def generate_on(
         self,
@@ -211,9 +219,10 @@ class RolloutPool:
         sampling: SamplingParams,
         seed: int | None = None,
         budgets: list[int] | None = None,
+        images: list | None = None,
     ) -> list[list[Completion]]:
         """``submit`` and wait (a rollout loop's request to its worker)."""
-        return ray.get(self.submit(worker, prompts, sampling, seed, budgets))
+        return ray.get(self.submit(worker, prompts, sampling, seed, budgets, images))
 
     def generate(
         self,
@@ -221,9 +230,11 @@ class RolloutPool:
         sampling: SamplingParams,
         seed: int | None = None,
         budgets: list[int] | None = None,
+        images: list | None = None,
     ) -> list[list[Completion]]:
         """Completions per prompt, in prompt order, split evenly over the workers; worker i
-        seeds with ``seed + i``; prompt j gets at most ``budgets[j]`` new tokens."""
+        seeds with ``seed + i``; prompt j gets at most ``budgets[j]`` new tokens and shows
+        ``images[j]`` (its PromptPixels; VL models)."""
         shards = np.array_split(np.arange(len(prompts)), len(self.workers))
         futures = [
             self.submit(
@@ -232,6 +243,7 @@ class RolloutPool:
                 sampling,
                 None if seed is None else seed + i,
                 None if budgets is None else [budgets[r] for r in rows],
+                None if images is None else [images[r] for r in rows],
             )
             for i, rows in enumerate(shards)
             if len(rows)
