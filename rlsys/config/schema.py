@@ -176,12 +176,14 @@ class TaskConfig:
     ``task.env``), or the RLHF example's review continuations (reviews; see
     ``rlsys.data.reviews``)."""
 
-    # arithmetic | file | word_problems | guess_number | sql | search | reviews
+    # arithmetic | arithmetic_scratchpad | file | word_problems | guess_number | sql | search | reviews
     name: str = "arithmetic"
     reward: str = "exact_match"  # reward function from the rewards registry
     # Arithmetic difficulty knobs.
     digits: int = 2  # operands have 1..digits digits
     operators: list[str] = field(default_factory=lambda: ["+"])  # any of + - *
+    # arithmetic_scratchpad: how many operands a sum chains (each count equally likely)
+    operand_counts: list[int] = field(default_factory=lambda: [3, 4])
     reverse_answer: bool = True  # write the zero-padded answer least-significant digit first
     pad_operands: bool = False  # true: "05+29=" (one prompt shape for every problem)
     # How an arithmetic problem reads: "compact" is "a+b=" with the answer written as above
@@ -232,6 +234,11 @@ class TaskConfig:
         positive("task.max_prompt_tokens", self.max_prompt_tokens)
         if self.max_new_tokens is not None:
             positive("task.max_new_tokens", self.max_new_tokens)
+        if not self.operand_counts or any(c < 2 for c in self.operand_counts):
+            raise ConfigError(
+                f"task.operand_counts={list(self.operand_counts)} must be a non-empty list of "
+                "counts >= 2 (a sum needs two operands); e.g. task.operand_counts=[3,4]"
+            )
         bad = [op for op in self.operators if op not in ("+", "-", "*")]
         if bad or not self.operators:
             raise ConfigError(

@@ -6,7 +6,8 @@ The arithmetic family is synthetic and deterministic in the seed, with operands 
 width and, by default, written least-significant digit first (reversed), which a small decoder
 learns far more easily. In the ``question`` style (for pretrained chat models) it reads
 ``What is a <op> b?`` and the answer is the plain decimal value, which the ``last_number``
-reward finds at the end of a worked reply.
+reward finds at the end of a worked reply. ``arithmetic_scratchpad`` chains 3-4 additions
+and answers with the worked steps ("23+45=68;68+17=85;#85"): long replies decided late.
 File tasks read jsonl or parquet rows with configurable prompt and answer columns.
 """
 
@@ -143,6 +144,65 @@ def arithmetic_task(cfg: TaskConfig, seed: int) -> TaskSplits:
         train=prompts[cfg.eval_size :],
         eval=prompts[: cfg.eval_size],
         max_new_tokens=cfg.max_new_tokens or _default_max_new_tokens(cfg),
+    )
+
+
+def scratchpad_problem(operands: list[int]) -> tuple[str, str]:
+    """The prompt and worked reply of one chain sum: "23+45+17=" -> "23+45=68;68+17=85;#85"
+    (each step restates its two terms and writes their sum; the final answer follows "#")."""
+    total, steps = operands[0], []
+    for term in operands[1:]:
+        steps.append(f"{total}+{term}={total + term};")
+        total += term
+    return "+".join(map(str, operands)) + "=", "".join(steps) + f"#{total}"
+
+
+def chain_level(operands: list[int]) -> str:
+    """A chain sum's difficulty class: its operand count and the column carries of its
+    steps, e.g. "3:2" (``eval.group_by=level``, the curriculum's ``bucket_key=level``)."""
+    carries, total = 0, operands[0]
+    for term in operands[1:]:
+        carries += int(level(total, "+", term)[1:])
+        total += term
+    return f"{len(operands)}:{carries}"
+
+
+@TASKS.register("arithmetic_scratchpad")
+def arithmetic_scratchpad_task(cfg: TaskConfig, seed: int) -> TaskSplits:
+    """Sums of ``task.operand_counts`` operands of up to ``task.digits`` digits, answered
+    with a worked scratchpad (``scratchpad_problem``): the answer is the whole worked reply
+    (what the warm start imitates); the ``scratchpad`` reward scores only its final number.
+    Unique problems; the first ``eval_size`` are held out."""
+    if list(cfg.operators) != ["+"]:
+        raise ConfigError(
+            f"task.operators={list(cfg.operators)}: task.name=arithmetic_scratchpad adds chains "
+            "of numbers; set task.operators=['+']"
+        )
+    space, wanted = 10**cfg.digits, cfg.train_size + cfg.eval_size
+    total = sum(space**count for count in cfg.operand_counts)
+    if wanted > total // 2:  # rejection sampling below needs room
+        raise ValueError(
+            f"task.train_size + task.eval_size = {wanted} is over half the {total} distinct "
+            f"problems with task.digits={cfg.digits} and task.operand_counts="
+            f"{list(cfg.operand_counts)}; lower the sizes or raise task.digits"
+        )
+    rng = np.random.default_rng(seed)
+    seen: set[tuple[int, ...]] = set()
+    prompts = []
+    while len(prompts) < wanted:
+        count = int(rng.choice(cfg.operand_counts))
+        operands = tuple(int(x) for x in rng.integers(0, space, size=count))
+        if operands in seen:
+            continue
+        seen.add(operands)
+        text, reply = scratchpad_problem(list(operands))
+        meta = {"level": chain_level(list(operands))}
+        prompts.append(Prompt(uid=len(prompts), text=text, answer=reply, meta=meta))
+    longest = scratchpad_problem([space - 1] * max(cfg.operand_counts))[1]
+    return TaskSplits(
+        train=prompts[cfg.eval_size :],
+        eval=prompts[: cfg.eval_size],
+        max_new_tokens=cfg.max_new_tokens or len(longest) + 1,  # + EOS
     )
 
 

@@ -1,4 +1,5 @@
-"""Math verifiers (``boxed``, ``math_verify``, ``gsm8k``) and the ``format`` reward.
+"""Math verifiers (``boxed``, ``math_verify``, ``gsm8k``, ``scratchpad``) and the ``format``
+reward.
 
 ``metadata["answer"]`` is the ground-truth string (a dataset's answer column, see
 ``rlsys.data.math_data``). Rewards run on worker threads (``rlsys.rewards.scoring``), so
@@ -145,3 +146,26 @@ def gsm8k(prompt: str, completion: str, metadata: dict) -> float:
     else:
         numbers = numbers_in(completion)[-1:]
     return float(bool(numbers) and same_number(numbers[0], metadata["answer"]))
+
+
+_MARKED = re.compile(r"#\s*(-?\d+)\s*")
+
+
+def marked_answer(text: str) -> str | None:
+    """The number after the last ``#`` of ``text`` when nothing else follows it
+    (``"23+45=68;68+17=85;#85"`` -> ``"85"``), else None (no marker, or not a bare number
+    after it)."""
+    _, marker, tail = text.rpartition("#")
+    match = _MARKED.fullmatch(marker + tail) if marker else None
+    return match.group(1) if match else None
+
+
+@REWARDS.register("scratchpad")
+def scratchpad(prompt: str, completion: str, metadata: dict) -> float:
+    """1.0 when the completion's marked final answer (``marked_answer``) equals the
+    reference's: the worked steps before it are not checked, and a reply without a final
+    ``#<number>`` scores 0.0. ``metadata["answer"]`` is the reference's worked reply
+    (task ``arithmetic_scratchpad``) or its bare final number."""
+    reference = marked_answer(str(metadata["answer"])) or str(metadata["answer"]).strip()
+    found = marked_answer(completion)
+    return float(found is not None and same_number(found, reference))

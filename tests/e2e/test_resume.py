@@ -1,7 +1,7 @@
 """Exact resume: a run stopped by SIGTERM and resumed with ``resume=auto`` trains on the same
 batches with the same losses and rewards as a run that was never stopped (synchronous mode,
 CPU), for FSDP2 and DeepSpeed, with and without LoRA (and with the curriculum sampler and the
-replay store); FSDP2 also resumes on a different learner
+replay store, and with tree rollouts); FSDP2 also resumes on a different learner
 world size. And the
 ``rlsys train`` process itself: Ctrl-C checkpoints, exits 130 with a message, a fresh run
 refuses its directory, and ``resume=auto`` falls back past a damaged checkpoint and finishes
@@ -63,6 +63,7 @@ REPLAY = [
     "task.reward=digit_lead",
     "task.train_size=12",
 ]
+TREE = ["rollout.tree.enabled=true", "rollout.tree.segment_tokens=1", "algorithm.advantage=treepo"]
 BACKENDS = {
     "fsdp2": [],
     "deepspeed_zero3": ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"],
@@ -71,6 +72,9 @@ BACKENDS = {
     # resume too (one run for all three)
     "fsdp2_lora_curriculum_replay": [*LORA, *CURRICULUM, *REPLAY],
     "deepspeed_zero2_lora": [*LORA, "learner.backend=deepspeed", "learner.deepspeed.zero_stage=2"],
+    # tree rollouts (1-token shared segments of 4-token replies) with TreePO's sub-tree
+    # advantages: the trees grown after the checkpoint must be the ones the full run grew
+    "fsdp2_tree": TREE,
 }
 
 
@@ -144,6 +148,8 @@ def uninterrupted(ray_cpu, tmp_path_factory):
         pytest.param("deepspeed_zero3", marks=pytest.mark.long),
         "fsdp2_lora_curriculum_replay",
         pytest.param("deepspeed_zero2_lora", marks=pytest.mark.long),
+        # 156 s on the shared 2-core machine (two 4-step runs and the resumed half)
+        pytest.param("fsdp2_tree", marks=pytest.mark.long),
     ],
 )
 def test_stop_and_resume_matches_an_uninterrupted_run(uninterrupted, tmp_path, backend):
@@ -167,6 +173,8 @@ def test_stop_and_resume_matches_an_uninterrupted_run(uninterrupted, tmp_path, b
     if "curriculum" in backend:  # the estimates were there to resume, and drove the draws
         assert full_steps[4]["data/buckets_seen_frac"] == 1.0
         assert resumed_steps[4]["data/pass_rate_p50"] == full_steps[4]["data/pass_rate_p50"]
+    if "tree" in backend:  # the replies were trees (shared segments generated once)
+        assert all(full_steps[k]["rollout/tokens_saved_frac"] > 0 for k in range(1, 5))
     if "replay" in backend:  # successes were replayed after the checkpoint, from its store
         assert sum(full_steps[k].get("buffer/replayed_samples", 0) for k in (3, 4)) > 0
         assert resumed["accounting"]["samples_replayed"] > 0
