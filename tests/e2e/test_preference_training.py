@@ -100,7 +100,12 @@ def test_conservative_dpo_raises_pairwise_accuracy(tmp_path):
     assert (tmp_path / "cdpo" / "checkpoints" / "final" / "config.json").exists()
 
 
-@pytest.mark.parametrize("command", ["rm", "dpo"])
+@pytest.mark.parametrize(
+    "command",
+    # the rm case (~150 s on CI's 2 cores) is long-tier: test_reward_model_learns_and_plugs_...
+    # covers `rlsys rm` end to end in CI, the dpo case LoRA's merge-and-save path
+    [pytest.param("rm", marks=pytest.mark.long), "dpo"],
+)
 def test_lora_adapters_train_preferences_and_save_a_plain_model(tmp_path, command):
     """`rlsys rm` / `rlsys dpo` with model.lora.rank: the adapters (and the reward model's
     score head) learn, and checkpoints/final is a plain Hugging Face model with the adapters
