@@ -18,6 +18,10 @@ dropped and replaced (GRPO's filter), so a sampler that draws fewer of them trai
 on the same budget. ``task.train_size`` defaults to 2000 here so that prompts come back
 several times within the budget (a per-prompt estimate needs that).
 
+Other tasks go in as overrides: ``task=arithmetic_mixed`` (mixed difficulty, where the
+curriculum has uniform groups to cut) and ``task=arithmetic_scratchpad`` (long worked replies
+decided late, where tree rollouts can share early segments); docs/sampling.md has the tables.
+
 ``--rollouts`` crosses each sampler with rollout shapes: ``flat`` (n independent replies per
 prompt), ``tree`` (``rollout.tree.enabled=true algorithm.advantage=treepo``: the replies are
 the leaves of a tree of shared segments, TreePO's sub-tree advantages) and ``tree_grpo``
