@@ -102,8 +102,9 @@ def test_conservative_dpo_raises_pairwise_accuracy(tmp_path):
 
 @pytest.mark.parametrize(
     "command",
-    # the rm case (~150 s on CI's 2 cores) is long-tier: test_reward_model_learns_and_plugs_...
-    # covers `rlsys rm` end to end in CI, the dpo case LoRA's merge-and-save path
+    # the rm case is long-tier (about 25 s of CI's time; whichever case runs first also pays
+    # ~130 s of set-up the others share): test_reward_model_learns_and_plugs_... covers
+    # `rlsys rm` end to end in CI, the dpo case LoRA's merge-and-save path
     [pytest.param("rm", marks=pytest.mark.long), "dpo"],
 )
 def test_lora_adapters_train_preferences_and_save_a_plain_model(tmp_path, command):
