@@ -17,18 +17,10 @@ from rlsys.envs.tool_formats import HermesFormat
 from rlsys.models.loading import load_tokenizer
 from rlsys.types import Completion, SamplingParams
 
-# A ChatML-like template the char tokenizer covers (as in test_chat_prompts.py).
-TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</>\n{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
-
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
-    tok = load_tokenizer(tiny_model_dir)
-    tok.chat_template = TEMPLATE
-    return tok
+    return load_tokenizer(tiny_model_dir)  # its chat template: builtin.CHAT_TEMPLATE
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,6 @@ from rlsys.envs.tool_formats import HermesFormat
 from rlsys.models.loading import load_tokenizer
 from rlsys.types import Completion, Prompt, SamplingParams
 
-TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</>\n{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
-
 
 def _call(prompt, tokens, version=0, lp=-0.5, finish="stop") -> RecordedCall:
     logprobs = [lp - i for i in range(len(tokens))]
@@ -74,9 +69,7 @@ def test_a_side_question_after_the_conversation_is_dropped():
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
-    tok = load_tokenizer(tiny_model_dir)
-    tok.chat_template = TEMPLATE
-    return tok
+    return load_tokenizer(tiny_model_dir)  # its chat template: builtin.CHAT_TEMPLATE
 
 
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "37*48"}}\n</tool_call>'
