@@ -25,6 +25,7 @@ from rlsys.config.learner import CriticConfig, LearnerConfig
 from rlsys.config.preference import DPOConfig, PreferenceDataConfig, RMConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 from rlsys.config.reward import RewardConfig
+from rlsys.config.shapes import ShapesConfig
 from rlsys.config.tree import TreeConfig
 from rlsys.engines import ENGINES
 from rlsys.weight_sync import TRANSPORTS
@@ -138,34 +139,6 @@ class ModelConfig:
             raise ConfigError(
                 f"model.num_heads={self.num_heads} is not a multiple of "
                 f"model.num_kv_heads={self.num_kv_heads}; make it one"
-            )
-
-
-@dataclass
-class ShapesConfig:
-    """Difficulty knobs of the ``shapes`` task (count the shapes of one colour in a picture;
-    rlsys.data.shapes)."""
-
-    max_shapes: int = 4  # shapes per picture: 1..max_shapes, each in its own grid cell
-    colours: list[str] = field(default_factory=lambda: ["red", "green", "blue"])  # in play
-    image_size: int = 56  # picture width and height in pixels
-    grid: int = 4  # cells per side (a shape fills most of one cell)
-
-    def __post_init__(self) -> None:
-        from rlsys.data.shapes import COLOURS  # here: the task imports this module
-
-        positive("task.shapes.image_size", self.image_size)
-        positive("task.shapes.grid", self.grid)
-        if not 1 <= self.max_shapes <= min(9, self.grid * self.grid):
-            raise ConfigError(
-                f"task.shapes.max_shapes={self.max_shapes} must be 1..9 (a one-digit answer) "
-                f"and at most task.shapes.grid^2={self.grid * self.grid}; change either"
-            )
-        bad = [c for c in self.colours if c not in COLOURS]
-        if bad or not self.colours:
-            raise ConfigError(
-                f"task.shapes.colours={list(self.colours)} must be a non-empty subset of "
-                f"{list(COLOURS)}"
             )
 
 
