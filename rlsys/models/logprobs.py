@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from rlsys.data.collate import position_ids
 from rlsys.models.vision import SUPPRESS_KEY
 
+SUPPRESSED_LOGIT = -1e9  # a VL model's placeholder tokens: probability 0 at any temperature
 CHUNK_BYTES = 64 << 20  # fp32 logits per chunk of rows in the log-sum-exp and entropy
 
 
@@ -47,7 +48,9 @@ def _logits(
         **vision,
     ).logits[:, :-1]
     if suppress is not None and len(suppress):  # as the engine samples: see vision_token_ids
-        logits = logits.index_fill(-1, suppress, float("-inf"))
+        # a finite floor, not -inf: exp() of it is exactly 0 as for -inf, and the entropy's
+        # p * logits stays 0 without masking every text model's logits for infinities
+        logits = logits.index_fill(-1, suppress, SUPPRESSED_LOGIT)
     return logits
 
 
@@ -58,10 +61,8 @@ def _row_chunks(logits: torch.Tensor) -> int:
 
 
 def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) given its log-sum-exp: lse - sum(p * logits) (tokens with
-    logit -inf, a VL model's suppressed placeholders, have p = 0 and add nothing)."""
-    finite = logits.masked_fill(torch.isinf(logits), 0.0)
-    return lse - (torch.softmax(logits, dim=-1) * finite).sum(-1)
+    """Entropy of softmax(logits) given its log-sum-exp: lse - sum(p * logits)."""
+    return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
 def token_logprobs(
