@@ -448,8 +448,11 @@ class TrainingBackend(ABC):
 
     def _reduce(self, sums: dict[str, float], tokens: float, grad_norms: list[float]):
         names = sorted(sums)
-        packed = torch.tensor([sums[n] for n in names] + [tokens], dtype=torch.float64)
+        # on the learner's device: an NCCL group has no CPU collectives
+        values = [sums[n] for n in names] + [tokens]
+        packed = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(packed)
+        packed = packed.cpu()
         total = max(float(packed[-1]), 1.0)
         out = {name: float(packed[i]) / total for i, name in enumerate(names)}
         if "clipped" in out:

@@ -23,7 +23,11 @@ class _AbortCriteria(StoppingCriteria):
         self.event = event
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+        # on the ids' device: generate ORs it with its own criteria there (a CPU tensor
+        # failed every HF generation on a GPU)
+        return torch.full(
+            (input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device
+        )
 
 
 class _Sampler(LogitsProcessor):

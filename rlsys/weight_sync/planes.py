@@ -129,10 +129,14 @@ class SharedMemoryPlane(BroadcastPlane):
                 )
             time.sleep(ACK_POLL_S)
 
-    def receive(self, slot: int, nbytes: int, description: dict) -> torch.Tensor:
+    def _attach(self, description: dict) -> None:
+        """Receiver: map the sender's release counters (once)."""
         if self.ctl is None:
             self.ctl_path = description["ctl"]
             self.ctl = self._map_ctl(self.ctl_path)
+
+    def receive(self, slot: int, nbytes: int, description: dict) -> torch.Tensor:
+        self._attach(description)
         if self.paths[slot] != description["path"]:
             self.paths[slot] = description["path"]
             self.buffers[slot] = self._map(description["path"], description["size"])
@@ -177,7 +181,12 @@ class CudaIpcPlane(SharedMemoryPlane):
         return buf[:nbytes]
 
     def describe(self, slot: int) -> dict:
-        return {"path": self.paths[slot], "ipc": self.handles[slot], "gpu": gpu_uuid(self.device)}
+        return {
+            "path": self.paths[slot],
+            "ipc": self.handles[slot],
+            "gpu": gpu_uuid(self.device),
+            "ctl": self.ctl_path,  # receivers release slots through the same counters
+        }
 
     def post(self, slot: int, buffer: torch.Tensor) -> None:
         torch.cuda.current_stream(self.device).synchronize()  # packed bytes visible to others
@@ -188,6 +197,7 @@ class CudaIpcPlane(SharedMemoryPlane):
         super().release(slot)
 
     def receive(self, slot: int, nbytes: int, description: dict) -> torch.Tensor:
+        self._attach(description)
         if self.paths[slot] != description["path"]:
             if description["gpu"] != gpu_uuid(self.device):
                 raise RuntimeError(

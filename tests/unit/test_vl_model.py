@@ -64,9 +64,10 @@ def test_text_models_refuse_image_prompts(tiny_model_dir, prompts):
         _collector(load_tokenizer(tiny_model_dir)).encode(prompts)
 
 
-def test_engine_and_learner_agree_on_image_prompts(tiny_vl_dir, prompts):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_engine_and_learner_agree_on_image_prompts(tiny_vl_dir, prompts, device):
     tok = load_tokenizer(tiny_vl_dir)
-    engine = HFEngine(tiny_vl_dir, "float32", RolloutConfig(micro_batch_size=5))
+    engine = HFEngine(tiny_vl_dir, "float32", RolloutConfig(micro_batch_size=5), device)
     collector = _collector(tok, engine)
     groups = collector.generate(prompts, SamplingParams(n=3, max_new_tokens=4, seed=0))
     samples = [s for g in groups for s in g.samples]
@@ -79,32 +80,31 @@ def test_engine_and_learner_agree_on_image_prompts(tiny_vl_dir, prompts):
     sub = batch.select(rows)
     for r, row in zip(rows, sub.pixel_values, strict=True):
         assert row is samples[r].prompt.pixels.pixel_values
-    ids = torch.from_numpy(sub.input_ids)
-    pixels = [PromptPixels(a, b) for a, b in zip(sub.pixel_values, sub.image_grid_thw, strict=True)]
-    vision = vision_inputs(engine.model.config, ids, pixels)
-    with torch.no_grad():
-        logp, entropy = token_logprobs(
-            engine.model, ids, torch.from_numpy(sub.attention_mask), vision=vision, entropy=True
-        )
+    logp, entropy = _learner_pass(engine.model, sub, device, token_logprobs, entropy=True)
     mask = sub.loss_mask > 0
-    np.testing.assert_allclose(logp.numpy()[mask], sub.behaviour_logprobs[mask], atol=1e-4)
+    np.testing.assert_allclose(logp.cpu().numpy()[mask], sub.behaviour_logprobs[mask], atol=1e-4)
     assert torch.isfinite(entropy).all()
     # greedy: the engine's reply is the learner's argmax token for token
     greedy = collector.generate(prompts, SamplingParams(greedy=True, max_new_tokens=4))
     check = samples_to_batch([g.samples[0] for g in greedy], tok.pad_token_id)
-    ids = torch.from_numpy(check.input_ids)
-    pixels = [
-        PromptPixels(a, b) for a, b in zip(check.pixel_values, check.image_grid_thw, strict=True)
-    ]
-    with torch.no_grad():
-        argmax = greedy_next_tokens(
-            engine.model,
-            ids,
-            torch.from_numpy(check.attention_mask),
-            vision_inputs(engine.model.config, ids, pixels),
-        )
+    argmax = _learner_pass(engine.model, check, device, greedy_next_tokens)
     mask = check.loss_mask > 0
-    np.testing.assert_array_equal(argmax.numpy()[mask], check.input_ids[:, 1:][mask])
+    np.testing.assert_array_equal(argmax.cpu().numpy()[mask], check.input_ids[:, 1:][mask])
+
+
+def _learner_pass(model, batch, device: str, fn, **kwargs):
+    """``fn`` (token_logprobs or greedy_next_tokens) over ``batch`` with its images, as the
+    learner calls it, on ``device``."""
+    ids = torch.from_numpy(batch.input_ids).to(device)
+    pixels = [
+        PromptPixels(a, b) for a, b in zip(batch.pixel_values, batch.image_grid_thw, strict=True)
+    ]
+    vision = vision_inputs(model.config, ids, pixels, device)
+    mask = torch.from_numpy(batch.attention_mask).to(device)
+    with torch.no_grad():
+        if fn is token_logprobs:
+            return fn(model, ids, mask, vision=vision, **kwargs)
+        return fn(model, ids, mask, vision, **kwargs)
 
 
 def test_vllm_engine_refuses_vl_models_naming_the_fix(tiny_vl_dir):
