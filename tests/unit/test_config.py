@@ -39,6 +39,14 @@ def test_every_preset_composes_and_validates(override):
         assert cfg.placement.mode == name
 
 
+def test_a_task_preset_picks_its_model_and_the_command_line_wins():
+    """conf/task/sql.yaml trains tiny-3m by default (the tiny model does not learn to copy
+    numbers from a result); a ``model=`` on the command line replaces it."""
+    assert load_config(["task=sql"]).model == load_config(["model=tiny-3m"]).model
+    assert load_config(["task=sql", "model=tiny"]).model == load_config(["model=tiny"]).model
+    assert load_config(["task=sql"]).learner.optim.lr == 1e-4
+
+
 def test_defaults_match_the_dataclasses():
     assert load_config([]) == TrainConfig()
 
