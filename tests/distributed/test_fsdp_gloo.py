@@ -228,10 +228,10 @@ def _gpus_for(world_size: int):
 @pytest.mark.parametrize("world_size", [_gpus_for(1), _gpus_for(2)])
 def test_fsdp2_on_nccl_trains_like_one_cpu_process(tiny_model_dir, tmp_path, world_size):
     """FSDP2 over NCCL gives one CPU process's forward pass (log-probs; the critic's values),
-    loss, gradient and step, up to the
-    order in which CUDA and CPU kernels sum in fp32: log-probs within 1e-4, loss within 1e-4
-    and gradient norm within 1e-3 (relative), weights within 1e-4 (a tenth of the lr: each
-    AdamW step moves a weight by about lr, so a wrong update cannot hide in the tolerance)."""
+    loss, gradient and step, up to the order in which CUDA and CPU kernels sum in fp32:
+    log-probs within 1e-4, loss within 1e-4 and gradient norm within 1e-3 (relative), weights
+    within 1e-4 (a tenth of the lr: each AdamW step moves a weight by about lr, so a wrong
+    update cannot hide in the tolerance)."""
     cases = ["sft", "ppo", "critic"]
     cpu = run_ranks(_train, 1, tmp_path / "cpu", tiny_model_dir, cases, 1 << 30)
     gpu = run_ranks(
@@ -260,8 +260,8 @@ def test_fsdp2_on_nccl_trains_like_one_cpu_process(tiny_model_dir, tmp_path, wor
 @pytest.mark.gpu
 def test_mixed_precision_and_compiled_layers_on_one_gpu(tiny_model_dir, tmp_path):
     """learner.mixed_precision=bfloat16 and learner.compile=true on a CUDA rank (NCCL): the
-    same checks as on CPU (bf16 attention kernels here) against the GPU's own fp32 eager step (compiled code is Triton
-    kernels here, so its bounds are the NCCL test's 1e-4)."""
+    same checks as on CPU against the GPU's own fp32 eager step, except that attention stays
+    in bf16 kernels and compiled code (Triton kernels) gets the NCCL test's 1e-4 bounds."""
     ranks = run_ranks(
         _train,
         1,
