@@ -24,8 +24,9 @@ decided late, where tree rollouts can share early segments); docs/sampling.md ha
 
 ``--rollouts`` crosses each sampler with rollout shapes: ``flat`` (n independent replies per
 prompt), ``tree`` (``rollout.tree.enabled=true algorithm.advantage=treepo``: the replies are
-the leaves of a tree of shared segments, TreePO's sub-tree advantages) and ``tree_grpo``
-(the same trees, GRPO's flat advantages); the tree knobs (``rollout.tree.segment_tokens``,
+the leaves of a tree of shared segments, TreePO's sub-tree advantages), ``tree_grpo``
+(the same trees, GRPO's flat advantages) and ``tree_rl`` (the same trees, TreeRL's advantage
+per segment); the tree knobs (``rollout.tree.segment_tokens``,
 ``rollout.tree.branching``) go in as overrides.
 
 Prints, per run: sampler, rollout shape, seed, steps trained, replies generated, the tokens
@@ -58,6 +59,7 @@ ROLLOUTS = {
     "flat": [],
     "tree": ["rollout.tree.enabled=true", "algorithm.advantage=treepo"],
     "tree_grpo": ["rollout.tree.enabled=true"],
+    "tree_rl": ["rollout.tree.enabled=true", "algorithm.advantage=treerl"],
 }
 DEFAULTS = ["task.train_size=2000", "trainer.eval_every=0", "eval.group_by=level"]
 

@@ -76,6 +76,58 @@ def treepo_advantages(
     return (total / count).astype(np.float32)
 
 
+def treerl_advantages(
+    rewards: np.ndarray,
+    paths: list[tuple[int, ...]],
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
+    """Segment advantages of TreeRL (Hou et al. 2025, "TreeRL: LLM Reinforcement Learning
+    with On-Policy Tree Search", sec. 3.2, as read here): every segment of a tree gets its
+    own advantage from the leaves below it, so a shared segment is credited with what the
+    replies through it scored and a reply's own segment with how it did against its
+    siblings'.
+
+    rewards: (n,) the outcome rewards of one group's leaves; paths[i]: the tree node ids
+    from the root's child down to leaf i (a leaf's own segment last). ``V(v)`` is the mean
+    reward of the leaves below node v (the root: the whole group), ``L(v)`` their number;
+    segment v with parent p gets ``(V(v) - V(root) + V(v) - V(p)) / (2 sqrt(L(v)))``, the
+    paper's global plus local advantage over the square root of the leaves that share it.
+    Returns, for each leaf, the advantage of each segment of its path, in path order.
+
+    Departures: the halving (so that a flat group, every path one leaf's own node, gives
+    ``r - mean``, Dr.GRPO's centring); ``normalize_std=True`` divides by the group's
+    unbiased reward std as ``grpo_advantages`` does (the paper's rewards are 0/1 and not
+    scaled), so a flat group gives GRPO's advantage; a leaf with an empty path is its own
+    one-leaf segment under the root.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    paths = [path or (-1 - leaf,) for leaf, path in enumerate(paths)]
+    below: dict[int, list[int]] = {}
+    for leaf, path in enumerate(paths):
+        for node in path:
+            below.setdefault(node, []).append(leaf)
+    value = {node: float(rewards[leaves].mean()) for node, leaves in below.items()}
+    root = float(rewards.mean())
+    scale = 1.0
+    if normalize_std:
+        std = float(rewards.std(ddof=1)) if len(rewards) > 1 else 1.0
+        scale = 1.0 / (std + eps)
+    out = []
+    for path in paths:
+        parents = [root] + [value[node] for node in path[:-1]]
+        out.append(
+            np.array(
+                [
+                    (2 * value[node] - root - parent) / (2 * math.sqrt(len(below[node]))) * scale
+                    for node, parent in zip(path, parents, strict=True)
+                ],
+                dtype=np.float32,
+            )
+        )
+    return out
+
+
 def gigpo_advantages(
     rewards: np.ndarray,
     turn_rewards: list[list[float]],

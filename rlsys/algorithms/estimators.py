@@ -10,7 +10,7 @@ Traits of a registration: ``group`` (compares the samples of a prompt, so it nee
 rollout.n_samples >= 2), ``needs_critic`` (starts a critic pool and reads ``values``),
 ``greedy_baseline`` (the controller generates one greedy reply per prompt for
 ``baseline_rewards``), ``pass_k`` (reads algorithm.pass_k, which must be below
-rollout.n_samples), ``tree`` (reads the tree of tree rollouts, ``tree_paths``: needs
+rollout.n_samples), ``tree`` (reads the tree of tree rollouts, ``tree_segments``: needs
 rollout.tree.enabled), ``multi_turn`` (reads the model turns of multi-turn trajectories,
 ``turns``: needs task.env.name).
 """
@@ -42,8 +42,9 @@ class AdvantageInputs:
     lam: float = 0.95  # GAE lambda
     normalize_std: bool = True  # grpo: divide by the group's reward std
     pass_k: int = 4  # pass_at_k: the k of pass@k
-    # (B,) tree rollouts: each row's tree node ids, root's child first (None: flat groups)
-    tree_paths: list[tuple[int, ...]] | None = None
+    # (B,) tree rollouts: each row's (tree node id, tokens) segments, root's child first, in
+    # the order of its trained tokens (None: flat groups; () for a row of no tree)
+    tree_segments: list[tuple[tuple[int, int], ...]] | None = None
     # (B,) multi-turn trajectories: each row's model turns, start / end as (T-1) columns of
     # ``mask`` (None: single-turn rows; a None row counts as one step)
     turns: list[list[Turn] | None] | None = None
@@ -121,19 +122,40 @@ def pass_at_k(x: AdvantageInputs) -> Advantages:
     return _per_token(x, A.pass_at_k_advantages(_groups(x), x.pass_k))
 
 
+def _tree_groups(x: AdvantageInputs):
+    """Each group's rewards and its rows' segment paths (empty for rows of no tree)."""
+    segments = x.tree_segments or [()] * len(x.rewards)
+    n = x.group_size
+    for g, rewards in enumerate(_groups(x)):
+        yield g, rewards, segments[g * n : (g + 1) * n]
+
+
 @ADVANTAGES.register("treepo", group=True, tree=True)
 def treepo(x: AdvantageInputs) -> Advantages:
     """TreePO's sub-tree averaged advantages; rows without a tree path count as flat."""
-    rewards = _groups(x)
-    paths = x.tree_paths or [()] * len(x.rewards)
-    n = x.group_size
-    scalar = np.concatenate(
-        [
-            A.treepo_advantages(row, paths[g * n : (g + 1) * n], x.normalize_std)
-            for g, row in enumerate(rewards)
-        ]
-    )
-    return _per_token(x, scalar)
+    scalar = [
+        A.treepo_advantages(rewards, [tuple(n for n, _ in row) for row in rows], x.normalize_std)
+        for _, rewards, rows in _tree_groups(x)
+    ]
+    return _per_token(x, np.concatenate(scalar))
+
+
+@ADVANTAGES.register("treerl", group=True, tree=True)
+def treerl(x: AdvantageInputs) -> Advantages:
+    """TreeRL's segment advantages: each segment's value on the trained tokens it generated
+    (a row's trained tokens in order, segment by segment); a row of no tree is one segment."""
+    adv = np.zeros(np.shape(x.mask))
+    for g, rewards, rows in _tree_groups(x):
+        paths = [tuple(n for n, _ in row) for row in rows]
+        for i, (row, values) in enumerate(
+            zip(rows, A.treerl_advantages(rewards, paths, x.normalize_std), strict=True)
+        ):
+            columns = np.flatnonzero(np.asarray(x.mask[g * x.group_size + i]) > 0)
+            lengths = [tokens for _, tokens in row] or [len(columns)]
+            ends = np.cumsum(lengths)
+            for value, start, end in zip(values, ends - lengths, ends, strict=True):
+                adv[g * x.group_size + i, columns[start:end]] = value
+    return _plus_kl_penalty(x, adv)
 
 
 @ADVANTAGES.register("gigpo", group=True, multi_turn=True)

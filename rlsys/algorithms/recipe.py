@@ -90,12 +90,13 @@ class Recipe:
         batch: TrainBatch,
         token_kl: np.ndarray | None = None,
         baseline_rewards: np.ndarray | None = None,
-        tree_paths: list[tuple[int, ...]] | None = None,
+        tree_segments: list[tuple[tuple[int, int], ...]] | None = None,
         turns: list[list[Turn] | None] | None = None,
     ) -> Advantages:
         """Per-token advantages (and critic targets) of ``batch``, rows ordered by group;
-        ``tree_paths``: each row's tree node ids (tree rollouts); ``turns``: each row's model
-        turns in ``batch`` columns (multi-turn trajectories: ``collate.batch_turns``)."""
+        ``tree_segments``: each row's (tree node, tokens) path (tree rollouts); ``turns``: each
+        row's model turns in ``batch`` columns (multi-turn trajectories:
+        ``collate.batch_turns``)."""
         cfg = self.cfg
         penalty = None
         if token_kl is not None and cfg.kl_penalty == "reward":
@@ -112,7 +113,7 @@ class Recipe:
                 lam=cfg.lam,
                 normalize_std=cfg.normalize_std,
                 pass_k=cfg.pass_k,
-                tree_paths=tree_paths,
+                tree_segments=tree_segments,
                 turns=turns,
                 step_weight=cfg.gigpo_step_weight,
             )

@@ -23,9 +23,9 @@ class AlgorithmConfig:
 
     name: str = "grpo"  # label for logs and presets
     # grpo | dr_grpo | rloo | gpg (r - mean, x B / (B - tied samples)) | opo (r - length-weighted
-    # group mean) | pass_at_k | treepo (tree rollouts) | gigpo (multi-turn: episode + step
-    # groups of equal states) | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a
-    # critic)
+    # group mean) | pass_at_k | treepo (tree rollouts: sub-tree averages) | treerl (tree
+    # rollouts: one advantage per segment) | gigpo (multi-turn: episode + step groups of equal
+    # states) | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a critic)
     advantage: str = "grpo"
     normalize_std: bool = True  # grpo: divide by the group's reward std
     # pass_at_k: the k of pass@k (1 <= k < rollout.n_samples; k = 1 is GRPO with the population

@@ -201,8 +201,8 @@ def _check_tree_rollouts(cfg: TrainConfig) -> None:
         )
     if cfg.algorithm.uses_tree and not tree.enabled:
         raise ConfigError(
-            f"algorithm.advantage={cfg.algorithm.advantage} compares the subtrees of tree "
-            "rollouts, but rollout.tree.enabled=false; set rollout.tree.enabled=true or "
+            f"algorithm.advantage={cfg.algorithm.advantage} reads the tree of tree rollouts, "
+            "but rollout.tree.enabled=false; set rollout.tree.enabled=true or "
             "another algorithm.advantage (e.g. grpo)"
         )
 

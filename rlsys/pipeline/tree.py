@@ -127,13 +127,14 @@ def sample_tree(
     ]
 
 
-def tree_paths(groups: list[RolloutGroup]) -> list[tuple[int, ...]] | None:
-    """(B,) the tree node ids of every sample of ``groups`` (in batch order), root's child
-    first; None when no sample came from a tree (flat rollouts)."""
+def tree_segments(groups: list[RolloutGroup]) -> list[tuple[tuple[int, int], ...]] | None:
+    """(B,) the ``(tree node id, tokens)`` segments of every sample of ``groups`` (in batch
+    order), root's child first; ``()`` for a sample of no tree (a replayed one); None when no
+    sample came from a tree (flat rollouts)."""
     samples = [s for g in groups for s in g.samples]
     if not any(s.completion.segments for s in samples):
         return None
-    return [tuple(node for node, _ in s.completion.segments or []) for s in samples]
+    return [tuple(s.completion.segments or ()) for s in samples]
 
 
 def generated_tokens(group: RolloutGroup) -> int:

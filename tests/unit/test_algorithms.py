@@ -153,6 +153,7 @@ def test_the_builtin_estimators_are_registered_with_their_traits():
         "remax",
         "rloo",
         "treepo",
+        "treerl",
     ]
     assert ADVANTAGES.names(group=True) == [
         "dr_grpo",
@@ -164,10 +165,11 @@ def test_the_builtin_estimators_are_registered_with_their_traits():
         "reinforce_pp_baseline",
         "rloo",
         "treepo",
+        "treerl",
     ]
     assert ADVANTAGES.names(needs_critic=True) == ["gae"]
     assert ADVANTAGES.names(greedy_baseline=True) == ["remax"]
-    assert ADVANTAGES.names(tree=True) == ["treepo"]
+    assert ADVANTAGES.names(tree=True) == ["treepo", "treerl"]
     assert ADVANTAGES.names(multi_turn=True) == ["gigpo"]
 
 

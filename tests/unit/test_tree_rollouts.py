@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlsys.algorithms.advantages import grpo_advantages, treepo_advantages
+from rlsys.algorithms.advantages import grpo_advantages, treepo_advantages, treerl_advantages
 from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
 from rlsys.config.errors import ConfigError
 from rlsys.config.loader import load_config
 from rlsys.config.tree import TreeConfig
-from rlsys.pipeline.tree import generated_tokens, sample_tree, split_quota, tree_paths
+from rlsys.pipeline.tree import generated_tokens, sample_tree, split_quota, tree_segments
 from rlsys.trainers.rl.sample_metrics import tree_metrics
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
@@ -92,7 +92,12 @@ def test_a_full_binary_tree_shares_its_segments():
     # 2 x 2 shared tokens + 4 x 3 own tokens, where 4 flat replies would cost 4 x 5
     assert generated_tokens(g) == 16
     assert tree_metrics([g]) == {"rollout/tokens_saved_frac": pytest.approx(1 - 16 / 20)}
-    assert tree_paths([g]) == [(1, 3), (1, 4), (2, 5), (2, 6)]
+    assert tree_segments([g]) == [
+        ((1, 2), (3, 3)),
+        ((1, 2), (4, 3)),
+        ((2, 2), (5, 3)),
+        ((2, 2), (6, 3)),
+    ]
 
 
 def test_a_branch_that_ends_early_is_a_leaf_and_its_parent_branches_again():
@@ -176,16 +181,57 @@ def test_treepo_on_a_flat_group_is_grpo_and_ignores_single_leaf_nodes():
 
 def test_treepo_estimator_handles_each_group_and_broadcasts_over_tokens():
     rewards = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0], np.float32)
-    paths = [(1, 3), (1, 4), (2, 5), (2, 6)] * 2
+    segments = [((1, 1), (3, 2)), ((1, 1), (4, 2)), ((2, 1), (5, 2)), ((2, 1), (6, 2))] * 2
     mask = np.ones((8, 3), np.float32)
     mask[0, 2] = 0
     out = ADVANTAGES.get("treepo")(
-        AdvantageInputs(rewards, mask, 4, normalize_std=False, tree_paths=paths)
+        AdvantageInputs(rewards, mask, 4, normalize_std=False, tree_segments=segments)
     ).advantages
     np.testing.assert_allclose(out[:4, 0], [0.375, -0.625, 0.125, 0.125])
     # group 2: root centred [-.25, -.25, .75, -.25]; node 1 ties; node 2 [.5, -.5]
     np.testing.assert_allclose(out[4:, 1], [-0.125, -0.125, 0.625, -0.375])
     assert out[0, 2] == 0.0 and out[0, 1] == out[0, 0]
+
+
+def test_treerl_advantages_by_hand():
+    paths = [(1, 3), (1, 4), (2, 5), (2, 6)]
+    rewards = [1.0, 0.0, 1.0, 1.0]
+    # V: root .75, node 1 .5, node 2 1; a segment gets (2 V(v) - V(root) - V(parent)) / (2 sqrt L)
+    # node 1: (1 - 1.5) / (2 sqrt 2); node 2: (2 - 1.5) / (2 sqrt 2); leaf 3 under node 1:
+    # (2 - .75 - .5) / 2 = .375, leaf 4: (0 - 1.25) / 2; leaves 5, 6: (2 - .75 - 1) / 2 = .125
+    c = 0.5 / (2 * 2**0.5)
+    got = treerl_advantages(rewards, paths, normalize_std=False)
+    want = [[-c, 0.375], [-c, -0.625], [c, 0.125], [c, 0.125]]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-6)
+    # with std: everything over the group's std (0.5)
+    for g, w in zip(treerl_advantages(rewards, paths), want, strict=True):
+        np.testing.assert_allclose(g, np.array(w) / 0.5, atol=1e-5)
+
+
+def test_treerl_on_a_flat_group_is_grpo_and_a_tied_group_gets_nothing():
+    rewards = np.array([0.0, 1.0, 1.0, 0.5])
+    for paths in ([(1,), (2,), (3,), (4,)], [()] * 4):
+        flat = np.concatenate(treerl_advantages(rewards, paths))
+        np.testing.assert_allclose(flat, grpo_advantages(rewards[None])[0], atol=1e-5)
+    tied = treerl_advantages(np.ones(4), [(1, 3), (1, 4), (2, 5), (2, 6)])
+    assert all(np.all(a == 0) for a in tied)
+
+
+def test_treerl_estimator_puts_each_segment_on_its_own_tokens():
+    rewards = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
+    # a shared segment of 1 token, then own segments of 2 and (row 1, ended early) 1 token
+    segments = [((1, 1), (3, 2)), ((1, 1), (4, 1)), ((2, 1), (5, 2)), ((2, 1), (6, 2))]
+    mask = np.zeros((4, 5), np.float32)
+    mask[:, 2:5] = 1  # the reply starts after two prompt columns
+    mask[1, 4] = 0
+    out = ADVANTAGES.get("treerl")(
+        AdvantageInputs(rewards, mask, 4, normalize_std=False, tree_segments=segments)
+    ).advantages
+    c = 0.5 / (2 * 2**0.5)
+    np.testing.assert_allclose(out[0], [0, 0, -c, 0.375, 0.375], atol=1e-6)
+    np.testing.assert_allclose(out[1], [0, 0, -c, -0.625, 0], atol=1e-6)
+    np.testing.assert_allclose(out[2], [0, 0, c, 0.125, 0.125], atol=1e-6)
 
 
 def test_tree_config_checks_name_the_keys():
