@@ -17,7 +17,7 @@ rollout.tree.enabled), ``multi_turn`` (reads the model turns of multi-turn traje
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,8 +122,8 @@ def pass_at_k(x: AdvantageInputs) -> Advantages:
     return _per_token(x, A.pass_at_k_advantages(_groups(x), x.pass_k))
 
 
-def _tree_groups(x: AdvantageInputs):
-    """Each group's rewards and its rows' segment paths (empty for rows of no tree)."""
+def _tree_groups(x: AdvantageInputs) -> Iterator[tuple[int, np.ndarray, list]]:
+    """(group index, its (n,) rewards, its rows' segment paths: empty for rows of no tree)."""
     segments = x.tree_segments or [()] * len(x.rewards)
     n = x.group_size
     for g, rewards in enumerate(_groups(x)):
