@@ -85,8 +85,8 @@ def treerl_advantages(
     """Segment advantages of TreeRL (Hou et al. 2025, "TreeRL: LLM Reinforcement Learning
     with On-Policy Tree Search", sec. 3.2, as read here): every segment of a tree gets its
     own advantage from the leaves below it, so a shared segment is credited with what the
-    replies through it scored and a reply's own segment with how it did against its
-    siblings'.
+    replies through it scored and a reply's own segment with its own reward, each against
+    the whole group and against the leaves below its parent.
 
     rewards: (n,) the outcome rewards of one group's leaves; paths[i]: the tree node ids
     from the root's child down to leaf i (a leaf's own segment last). ``V(v)`` is the mean

@@ -57,9 +57,9 @@ def needs_old_logprobs(epochs: int, num_mini_batches: int, off_policy: str, kl_r
 class PolicyObjective:
     """A policy loss of ``POLICY_LOSSES`` (PPO clip, GSPO, vanilla PG, ...), weighted per
     token by the batch's ``is_weights`` when an off-policy correction is on, an optional
-    KL-to-reference loss term and an entropy bonus. The ratio is taken against the batch's ``old_logprobs``, or, when it
-    has none, against this pass's own log-probabilities, detached (one optimizer step per
-    batch: see ``needs_old_logprobs``)."""
+    KL-to-reference loss term and an entropy bonus. The ratio is taken against the batch's
+    ``old_logprobs``, or, when it has none, against this pass's own log-probabilities,
+    detached (one optimizer step per batch: see ``needs_old_logprobs``)."""
 
     policy_loss: str = "ppo_clip"  # a name in losses.POLICY_LOSSES
     clip_low: float = 0.2

@@ -27,7 +27,8 @@ class AlgorithmConfig:
     # rollouts: one advantage per segment) | gigpo (multi-turn: episode + step groups of equal
     # states) | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a critic)
     advantage: str = "grpo"
-    normalize_std: bool = True  # grpo: divide by the group's reward std
+    # grpo, treepo, treerl, gigpo: divide by the (sub- or step) group's reward std
+    normalize_std: bool = True
     # pass_at_k: the k of pass@k (1 <= k < rollout.n_samples; k = 1 is GRPO with the population
     # std); a reward above 0.5 counts as a pass
     pass_k: int = 4

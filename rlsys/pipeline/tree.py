@@ -129,8 +129,8 @@ def sample_tree(
 
 def tree_segments(groups: list[RolloutGroup]) -> list[tuple[tuple[int, int], ...]] | None:
     """(B,) the ``(tree node id, tokens)`` segments of every sample of ``groups`` (in batch
-    order), root's child first; ``()`` for a sample of no tree (a replayed one); None when no
-    sample came from a tree (flat rollouts)."""
+    order), root's child first; ``()`` for a sample without segments; None when no sample
+    came from a tree (flat rollouts)."""
     samples = [s for g in groups for s in g.samples]
     if not any(s.completion.segments for s in samples):
         return None

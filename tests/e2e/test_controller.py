@@ -81,9 +81,10 @@ def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(
 
 def test_tree_rollouts_train_with_tree_advantages_and_save_tokens(run_controller):
     """Tree rollouts (HF engine, groups of 4 leaves sharing 1-token segments) with TreeRL's
-    per-segment advantages (TreePO's run in test_resume): every step's groups cost fewer generated tokens than flat ones would, and
-    the learner's log-probabilities of the leaves' token ids match the behaviour logprobs
-    they carry (shared prefix logprobs copied into each leaf)."""
+    per-segment advantages (TreePO's run in test_resume): every step's groups cost fewer
+    generated tokens than flat ones would, and the learner's log-probabilities of the leaves'
+    token ids match the behaviour logprobs they carry (shared prefix logprobs copied into
+    each leaf)."""
     summary, steps = run_controller(
         [
             "trainer.total_steps=2",

@@ -218,6 +218,19 @@ def test_treerl_on_a_flat_group_is_grpo_and_a_tied_group_gets_nothing():
     assert all(np.all(a == 0) for a in tied)
 
 
+def test_treerl_counts_leaves_not_children_on_an_unbalanced_tree():
+    # node 1 holds leaves 0-2 (node 3 holds 0 and 1), node 2 holds leaf 3 alone
+    paths = [(1, 3, 5), (1, 3, 6), (1, 4), (2,)]
+    rewards = [1.0, 1.0, 0.0, 0.0]
+    root, v1, v3 = 0.5, 2 / 3, 1.0
+    got = treerl_advantages(rewards, paths, normalize_std=False)
+    node1 = (2 * v1 - root - root) / (2 * 3**0.5)  # 3 leaves below it, 2 children
+    node3 = (2 * v3 - root - v1) / (2 * 2**0.5)
+    np.testing.assert_allclose(got[0], [node1, node3, (2 - root - v3) / 2], atol=1e-6)
+    np.testing.assert_allclose(got[2], [node1, (0 - root - v1) / 2], atol=1e-6)
+    np.testing.assert_allclose(got[3], [(0 - 2 * root) / 2], atol=1e-6)
+
+
 def test_treerl_estimator_puts_each_segment_on_its_own_tokens():
     rewards = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
     # a shared segment of 1 token, then own segments of 2 and (row 1, ended early) 1 token
@@ -232,6 +245,22 @@ def test_treerl_estimator_puts_each_segment_on_its_own_tokens():
     np.testing.assert_allclose(out[0], [0, 0, -c, 0.375, 0.375], atol=1e-6)
     np.testing.assert_allclose(out[1], [0, 0, -c, -0.625, 0], atol=1e-6)
     np.testing.assert_allclose(out[2], [0, 0, c, 0.125, 0.125], atol=1e-6)
+    # a second group, its rows at offsets 4-7; the last row has no segments (one segment)
+    both = ADVANTAGES.get("treerl")(
+        AdvantageInputs(
+            np.concatenate([rewards, [0.0, 1.0, 1.0, 0.0]]).astype(np.float32),
+            np.concatenate([mask, mask]),
+            4,
+            normalize_std=False,
+            tree_segments=segments + [((7, 1), (9, 2)), ((7, 1), (10, 2)), ((8, 3),), ()],
+        )
+    ).advantages
+    np.testing.assert_allclose(both[:4], out, atol=1e-6)
+    # root .5; node 7 (rows 4, 5) .5: its segment 0, leaves (2 r - .5 - .5) / 2
+    np.testing.assert_allclose(both[4], [0, 0, 0, -0.5, -0.5], atol=1e-6)
+    np.testing.assert_allclose(both[5], [0, 0, 0, 0.5, 0], atol=1e-6)
+    np.testing.assert_allclose(both[6], [0, 0, 0.5, 0.5, 0.5], atol=1e-6)
+    np.testing.assert_allclose(both[7], [0, 0, -0.5, -0.5, -0.5], atol=1e-6)
 
 
 def test_tree_config_checks_name_the_keys():
