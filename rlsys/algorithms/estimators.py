@@ -40,7 +40,7 @@ class AdvantageInputs:
     baseline_rewards: np.ndarray | None = None  # (B,) reward of the prompt's greedy reply (remax)
     gamma: float = 1.0  # discount (gae, reinforce_pp and the KL reward-to-go)
     lam: float = 0.95  # GAE lambda
-    normalize_std: bool = True  # grpo: divide by the group's reward std
+    normalize_std: bool = True  # grpo, treepo, treerl, gigpo: divide by the reward std
     pass_k: int = 4  # pass_at_k: the k of pass@k
     # (B,) tree rollouts: each row's (tree node id, tokens) segments, root's child first, in
     # the order of its trained tokens (None: flat groups; () for a row of no tree)
@@ -122,20 +122,22 @@ def pass_at_k(x: AdvantageInputs) -> Advantages:
     return _per_token(x, A.pass_at_k_advantages(_groups(x), x.pass_k))
 
 
-def _tree_groups(x: AdvantageInputs) -> Iterator[tuple[int, np.ndarray, list]]:
-    """(group index, its (n,) rewards, its rows' segment paths: empty for rows of no tree)."""
+def _tree_groups(x: AdvantageInputs) -> Iterator[tuple[int, np.ndarray, list, list]]:
+    """Per group: the batch row of its first sample, its (n,) rewards, its rows' (node,
+    tokens) segments and their node-id paths (both empty for rows of no tree)."""
     segments = x.tree_segments or [()] * len(x.rewards)
     n = x.group_size
     for g, rewards in enumerate(_groups(x)):
-        yield g, rewards, segments[g * n : (g + 1) * n]
+        rows = segments[g * n : (g + 1) * n]
+        yield g * n, rewards, rows, [tuple(node for node, _ in row) for row in rows]
 
 
 @ADVANTAGES.register("treepo", group=True, tree=True)
 def treepo(x: AdvantageInputs) -> Advantages:
     """TreePO's sub-tree averaged advantages; rows without a tree path count as flat."""
     scalar = [
-        A.treepo_advantages(rewards, [tuple(n for n, _ in row) for row in rows], x.normalize_std)
-        for _, rewards, rows in _tree_groups(x)
+        A.treepo_advantages(rewards, paths, x.normalize_std)
+        for _, rewards, _, paths in _tree_groups(x)
     ]
     return _per_token(x, np.concatenate(scalar))
 
@@ -145,16 +147,14 @@ def treerl(x: AdvantageInputs) -> Advantages:
     """TreeRL's segment advantages: each segment's value on the trained tokens it generated
     (a row's trained tokens in order, segment by segment); a row of no tree is one segment."""
     adv = np.zeros(np.shape(x.mask))
-    for g, rewards, rows in _tree_groups(x):
-        paths = [tuple(n for n, _ in row) for row in rows]
-        for i, (row, values) in enumerate(
-            zip(rows, A.treerl_advantages(rewards, paths, x.normalize_std), strict=True)
-        ):
-            columns = np.flatnonzero(np.asarray(x.mask[g * x.group_size + i]) > 0)
+    for first, rewards, rows, paths in _tree_groups(x):
+        values = A.treerl_advantages(rewards, paths, x.normalize_std)
+        for b, row, row_values in zip(range(first, first + len(rows)), rows, values, strict=True):
+            columns = np.flatnonzero(np.asarray(x.mask[b]) > 0)
             lengths = [tokens for _, tokens in row] or [len(columns)]
             ends = np.cumsum(lengths)
-            for value, start, end in zip(values, ends - lengths, ends, strict=True):
-                adv[g * x.group_size + i, columns[start:end]] = value
+            for value, start, end in zip(row_values, ends - lengths, ends, strict=True):
+                adv[b, columns[start:end]] = value
     return _plus_kl_penalty(x, adv)
 
 
