@@ -48,6 +48,9 @@ class SamplingParams:
     seed: int | None = None  # per-request seeds derive from it (same seed, same samples)
     stop: list[str] = field(default_factory=list)  # stop strings (the match stays in the output)
     stop_token_ids: list[int] = field(default_factory=list)  # stop tokens besides EOS
+    # also return the k most likely tokens at each position (Completion.top_logprobs; tree
+    # rollouts' iid mode); 0: the sampled token's logprob only
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -105,6 +108,9 @@ class Completion:
     # first message, rlsys/agents); None: the request's prompt
     prompt_ids: list[int] | None = None
     turns: list[Turn] | None = None  # multi-turn only: the model's turns, in order
+    # (R,) the SamplingParams.top_logprobs most likely tokens at each position, as (token,
+    # behaviour logprob) pairs, most likely first; None when not asked for
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     def versions(self) -> list[int]:
         """(R,) the policy version of every token."""

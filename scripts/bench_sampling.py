@@ -25,9 +25,10 @@ decided late, where tree rollouts can share early segments); docs/sampling.md ha
 ``--rollouts`` crosses each sampler with rollout shapes: ``flat`` (n independent replies per
 prompt), ``tree`` (``rollout.tree.enabled=true algorithm.advantage=treepo``: the replies are
 the leaves of a tree of shared segments, TreePO's sub-tree advantages), ``tree_grpo``
-(the same trees, GRPO's flat advantages) and ``tree_rl`` (the same trees, TreeRL's advantage
-per segment); the tree knobs (``rollout.tree.segment_tokens``,
-``rollout.tree.branching``) go in as overrides.
+(the same trees, GRPO's flat advantages), ``tree_rl`` (the same trees, TreeRL's advantage
+per segment) and ``tree_iid`` (``rollout.tree.mode=iid``: independent replies, as flat ones,
+whose shared prefixes are generated once; GRPO's advantages); the fixed trees' knobs
+(``rollout.tree.segment_tokens``, ``rollout.tree.branching``) go in as overrides.
 
 Prints, per run: sampler, rollout shape, seed, steps trained, replies generated, the tokens
 the engines generated per group (a tree's shared segments once), the fraction of scored
@@ -60,6 +61,7 @@ ROLLOUTS = {
     "tree": ["rollout.tree.enabled=true", "algorithm.advantage=treepo"],
     "tree_grpo": ["rollout.tree.enabled=true"],
     "tree_rl": ["rollout.tree.enabled=true", "algorithm.advantage=treerl"],
+    "tree_iid": ["rollout.tree.enabled=true", "rollout.tree.mode=iid"],
 }
 DEFAULTS = ["task.train_size=2000", "trainer.eval_every=0", "eval.group_by=level"]
 

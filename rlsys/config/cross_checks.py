@@ -199,6 +199,13 @@ def _check_tree_rollouts(cfg: TrainConfig) -> None:
             "branch single-turn replies, not multi-turn trajectories; set "
             "rollout.tree.enabled=false or task.env.name=null"
         )
+    if tree.enabled and tree.mode == "iid" and cfg.rollout.stop:
+        raise ConfigError(
+            f"rollout.tree.mode=iid with rollout.stop={cfg.rollout.stop}: a reply that branches "
+            "off onto a token of its own is continued from that token, and a stop string it "
+            "completes would go unseen; give the stops as rollout.stop_token_ids, or set "
+            "rollout.tree.mode=fixed"
+        )
     if cfg.algorithm.uses_tree and not tree.enabled:
         raise ConfigError(
             f"algorithm.advantage={cfg.algorithm.advantage} reads the tree of tree rollouts, "

@@ -43,13 +43,20 @@ class _Sampler(LogitsProcessor):
     as the learner computes it."""
 
     def __init__(
-        self, temperature: float, top_p: float, greedy: bool, suppress: list[int] | None = None
+        self,
+        temperature: float,
+        top_p: float,
+        greedy: bool,
+        suppress: list[int] | None = None,
+        top_k: int = 0,
     ) -> None:
         self.temperature = 1.0 if greedy else temperature
         self.suppress = suppress or []  # tokens never picked (a VL model's placeholders)
         self.top_p = top_p
         self.greedy = greedy
+        self.top_k = top_k  # also record the k most likely tokens per step (0: none)
         self.logprobs: list[torch.Tensor] = []  # per step, (B,)
+        self.top: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step, (B, k) logp, ids
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         scores = scores.float()
@@ -65,8 +72,27 @@ class _Sampler(LogitsProcessor):
             u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
             chosen = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[1] - 1)
         self.logprobs.append(logp.gather(-1, chosen[:, None]).squeeze(-1))
+        if self.top_k:  # of the distribution drawn from (top-p: its nucleus)
+            drawn = logp if self.greedy or self.top_p >= 1.0 else keep
+            self.top.append(drawn.topk(min(self.top_k, logp.shape[-1]), dim=-1))
         picked = torch.full_like(scores, float("-inf"))
         return picked.scatter_(-1, chosen[:, None], 0.0)
+
+
+def _top_pairs(
+    steps: list[tuple[torch.Tensor, torch.Tensor]], length: int
+) -> list[list[list[tuple[int, float]]]]:
+    """(B, length) rows of (token, logprob) pairs, most likely first, from the sampler's
+    per-step ``topk`` results."""
+    logps = torch.stack([v for v, _ in steps], dim=1)[:, :length].tolist()
+    ids = torch.stack([i for _, i in steps], dim=1)[:, :length].tolist()
+    return [
+        [
+            [(t, lp) for t, lp in zip(i, v, strict=True) if lp != float("-inf")]  # outside top-p
+            for i, v in zip(row_ids, row_logps, strict=True)
+        ]
+        for row_ids, row_logps in zip(ids, logps, strict=True)
+    ]
 
 
 def _top_p(logp: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -139,7 +165,13 @@ class HFEngine:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
-        sampler = _Sampler(sampling.temperature, sampling.top_p, sampling.greedy, self.suppress)
+        sampler = _Sampler(
+            sampling.temperature,
+            sampling.top_p,
+            sampling.greedy,
+            self.suppress,
+            sampling.top_logprobs,
+        )
         stop_ids = sorted(self.eos_ids | set(sampling.stop_token_ids))
         vision = vision_inputs(self.model.config, ids, [im for _, _, im in rows], self.device)
         vision.pop(SUPPRESS_KEY, None)  # the sampler suppresses them (self.suppress)
@@ -166,6 +198,7 @@ class HFEngine:
         aborted = self._aborting.is_set()
         stop_set = set(stop_ids)
         texts = self._stop_string_ends(new_tokens, sampling.stop)
+        top = _top_pairs(sampler.top, new_tokens.shape[1]) if sampler.top else None
         completions = []
         for i, (row, row_logprobs) in enumerate(
             zip(new_tokens.tolist(), logprobs.tolist(), strict=True)
@@ -182,9 +215,10 @@ class HFEngine:
             else:
                 reason = "length"
             length = end if end is not None else len(row)
-            completions.append(
-                Completion(row[:length], row_logprobs[:length], reason, self.version)
-            )
+            completion = Completion(row[:length], row_logprobs[:length], reason, self.version)
+            if top is not None:
+                completion.top_logprobs = top[i][:length]
+            completions.append(completion)
         return completions
 
     def _stop_string_ends(self, new_tokens: torch.Tensor, stop: list[str]) -> list[int | None]:

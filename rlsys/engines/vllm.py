@@ -69,6 +69,7 @@ class VLLMEngine:
             enable_prefix_caching=vcfg.enable_prefix_caching,
             enable_sleep_mode=not on_cpu,
             logprobs_mode="processed_logprobs",
+            max_logprobs=max(20, cfg.tree.top_logprobs),  # tree rollouts' iid mode asks k
             worker_extension_cls="rlsys.engines.vllm_worker.WeightLoaderExtension",
             seed=0,
         )
@@ -116,7 +117,7 @@ class VLLMEngine:
                 stop=list(sampling.stop) or None,
                 stop_token_ids=list(sampling.stop_token_ids) or None,
                 include_stop_str_in_output=True,  # text must match the trained token ids
-                logprobs=0,  # the sampled token's logprob only
+                logprobs=sampling.top_logprobs,  # 0: the sampled token's only
                 output_kind=RequestOutputKind.DELTA,
             )
             request_id = f"r{self._next_id}"
@@ -127,6 +128,7 @@ class VLLMEngine:
             )
         tokens: list[list[int]] = [[] for _ in keys]
         logprobs: list[list[float]] = [[] for _ in keys]
+        top: list[list[list[tuple[int, float]]]] = [[] for _ in keys]
         reasons = ["abort"] * len(keys)
         cached = [0] * len(keys)  # per request: prompt tokens the prefix cache served
         pending = set(keys)
@@ -139,16 +141,20 @@ class VLLMEngine:
                 delta = output.outputs[0]
                 cached[flat] = max(cached[flat], output.num_cached_tokens or 0)
                 tokens[flat].extend(delta.token_ids)
-                logprobs[flat].extend(
-                    next(iter(entry.values())).logprob for entry in delta.logprobs or []
-                )
+                for token, entry in zip(delta.token_ids, delta.logprobs or [], strict=True):
+                    logprobs[flat].append(entry[token].logprob)
+                    if sampling.top_logprobs:  # the k most likely (the sampled one may be extra)
+                        ranked = sorted(entry.items(), key=lambda kv: kv[1].rank or 0)
+                        top[flat].append(
+                            [(t, lp.logprob) for t, lp in ranked][: sampling.top_logprobs]
+                        )
                 if output.finished:
                     reasons[flat] = "length" if delta.finish_reason == "length" else "stop"
                     pending.discard(output.request_id)
         self.cached_prompt_tokens += sum(cached)
         completions = [
-            Completion(t, lp, reason, self.version)
-            for t, lp, reason in zip(tokens, logprobs, reasons, strict=True)
+            Completion(t, lp, reason, self.version, top_logprobs=k or None)
+            for t, lp, reason, k in zip(tokens, logprobs, reasons, top, strict=True)
         ]
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 

@@ -107,6 +107,22 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
+def end_token_ids(path: str, tokenizer) -> set[int]:
+    """Token ids that end a generated reply, as the engines stop on them: the tokenizer's EOS
+    and the model's (``eos_token_id`` of ``config.json`` and ``generation_config.json`` in
+    the model directory ``path``: an id or a list; absent files are skipped)."""
+    ids = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    for name in ("config.json", "generation_config.json"):
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            with open(file) as f:
+                eos = json.load(f).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return ids
+
+
 def load_model(path: str, dtype: str = "float32"):
     """The causal LM at ``path`` in ``dtype``, in eval mode (a vision-language model, e.g.
     Qwen2-VL, as its image-text-to-text class)."""

@@ -67,6 +67,7 @@ class Pipeline:
                 rollout.replace_worker,
                 rollout.episodes,
                 rollout.tree,
+                rollout.end_ids,
             )
 
         self._new_loop = new_loop

@@ -7,11 +7,14 @@ import queue
 import threading
 from collections.abc import Callable
 
+import numpy as np
+
 from rlsys.buffer import StreamingBuffer
 from rlsys.config.tree import TreeConfig
 from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.feeder import Request
 from rlsys.pipeline.gate import RolloutGate
+from rlsys.pipeline.iid_tree import sample_iid_tree
 from rlsys.pipeline.loop import Loop
 from rlsys.pipeline.tree import sample_tree
 from rlsys.trainers.collector import pixels_of
@@ -70,6 +73,7 @@ class RolloutLoop(Loop):
         replace_worker: ReplaceWorker | None = None,
         episodes: EpisodeRunner | None = None,
         tree: TreeConfig | None = None,
+        end_ids: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__(on_failure)
         self.name = f"rollout-{worker}"
@@ -81,6 +85,7 @@ class RolloutLoop(Loop):
         self.replace_worker = replace_worker
         self.episodes = episodes
         self.tree = tree
+        self.end_ids = end_ids  # tokens that end a reply (EOS, rollout.stop_token_ids)
         self.calls = 0  # generation calls made (each gets its own seed)
         self.continued = 0  # samples continued after an abort
         self.retiring = threading.Event()  # set: finish the current request, then end
@@ -138,6 +143,17 @@ class RolloutLoop(Loop):
                 "false and task.env.name=null"
             )
         if self.episodes is None and self.tree is not None and sampling.n > 1:
+            if self.tree.mode == "iid":
+                uniform = np.random.default_rng([self.seed, self.calls]).random
+                ends = self.end_ids | set(sampling.stop_token_ids)
+                return sample_iid_tree(
+                    request.prompt_ids,
+                    sampling,
+                    self.tree.top_logprobs,
+                    ends,
+                    self._complete,
+                    uniform,
+                )
             return sample_tree(request.prompt_ids, sampling, self.tree, self._complete)
         if self.episodes is None:
             return self._complete(request.prompt_ids, sampling, None, images)

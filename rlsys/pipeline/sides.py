@@ -36,6 +36,7 @@ class RolloutSide:
     replace_worker: ReplaceWorker | None = None  # restart a dead worker (then retry)
     episodes: EpisodeRunner | None = None  # a multi-turn task: trajectories, not replies
     tree: TreeConfig | None = None  # tree rollouts: a group's samples share segments
+    end_ids: frozenset[int] = frozenset()  # tokens ending a reply (EOS, rollout.stop_token_ids)
 
 
 @dataclass(frozen=True)

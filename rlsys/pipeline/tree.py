@@ -16,7 +16,9 @@ one leaf; its parent re-branches for the leaves it still owes in the next round 
 fallback), so every group has exactly n leaves and no leaf is a copy of another.
 
 Departures from the paper: branching is fixed (no probability- or quality-driven
-divergence), nothing is pruned, and the segment length is one for the whole tree.
+divergence), nothing is pruned, and the segment length is one for the whole tree. Replies
+that share only what independent draws would share: ``rlsys.pipeline.iid_tree``
+(``rollout.tree.mode=iid``).
 """
 
 from __future__ import annotations

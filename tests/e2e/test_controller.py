@@ -79,6 +79,39 @@ def test_controller_runs_steps_with_reference_kl_and_two_rollout_workers(
     assert steps[-1]["train/kl_ref"] > 0 and steps[-1]["train/grad_norm"] > 0
 
 
+# two steps of 4 groups of 4 replies, every group trained (tree rollouts' runs below)
+TREE_RUN = [
+    "trainer.total_steps=2",
+    "trainer.eval_every=0",
+    "eval.num_prompts=8",
+    "data.batch_size=4",
+    "rollout.n_samples=4",
+    "rollout.num_cpus_per_worker=1",
+    "algorithm.filter_uniform_groups=false",
+    "task.reward=digit_fraction",
+]
+
+
+def test_iid_tree_rollouts_generate_shared_prefixes_once(run_controller):
+    """``rollout.tree.mode=iid`` (HF engine, groups of 4 independent replies; a low
+    temperature, so the untrained model's replies share prefixes): the engines generate the
+    shared prefixes once, and the learner's log-probabilities of the replies match the
+    behaviour logprobs they carry (a shared prefix's, and the branched-off tokens', copied
+    from the lead's call)."""
+    summary, steps = run_controller(
+        [
+            *TREE_RUN,
+            "rollout.temperature=0.3",
+            "rollout.tree.enabled=true",
+            "rollout.tree.mode=iid",
+        ]
+    )
+    assert summary["steps"] == 2 and summary["samples"] == 2 * 4 * 4
+    assert any(record["rollout/tokens_saved_frac"] > 0 for record in steps)
+    for record in steps:
+        assert record["train/logprob_mismatch"] < 1e-3
+
+
 def test_tree_rollouts_train_with_tree_advantages_and_save_tokens(run_controller):
     """Tree rollouts (HF engine, groups of 4 leaves sharing 1-token segments) with TreeRL's
     per-segment advantages (TreePO's run in test_resume): every step's groups cost fewer
@@ -87,18 +120,11 @@ def test_tree_rollouts_train_with_tree_advantages_and_save_tokens(run_controller
     each leaf)."""
     summary, steps = run_controller(
         [
-            "trainer.total_steps=2",
-            "trainer.eval_every=0",
-            "eval.num_prompts=8",
-            "data.batch_size=4",
-            "rollout.n_samples=4",
-            "rollout.num_cpus_per_worker=1",
+            *TREE_RUN,
             "rollout.tree.enabled=true",
             "rollout.tree.branching=2",
             "rollout.tree.segment_tokens=1",
             "algorithm.advantage=treerl",
-            "algorithm.filter_uniform_groups=false",
-            "task.reward=digit_fraction",
         ]
     )
     assert summary["steps"] == 2 and summary["samples"] == 2 * 4 * 4

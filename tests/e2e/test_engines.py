@@ -22,6 +22,7 @@ from rlsys.config.tree import TreeConfig
 from rlsys.data.collate import pack
 from rlsys.models.loading import load_model, load_tokenizer, resolve_model_path
 from rlsys.models.logprobs import token_logprobs
+from rlsys.pipeline.iid_tree import sample_iid_tree
 from rlsys.pipeline.tree import generated_tokens, sample_tree
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 from rlsys.weight_sync import TRANSPORTS
@@ -78,9 +79,36 @@ def test_behaviour_logprobs_match_a_forward_pass(worker, tiny_model_dir):
     np.testing.assert_allclose(logp.numpy()[mask], batch.behaviour_logprobs[mask], atol=2e-3)
 
 
-def test_tree_rollouts_share_prefixes_and_keep_exact_logprobs(worker, tiny_model_dir):
+def test_top_logprobs_rank_the_likeliest_tokens(worker, tiny_model_dir):
+    """``SamplingParams.top_logprobs=k``: k (token, logprob) pairs per position, most likely
+    first, on the same scale as the sampled token's behaviour logprob."""
+    _, actor = worker
+    tok = load_tokenizer(tiny_model_dir)
+    groups = _generate(actor, _prompts(tok), n=2, temperature=0.7, max_new_tokens=6, seed=3)
+    assert all(c.top_logprobs is None for g in groups for c in g)  # not asked: not returned
+    groups = _generate(
+        actor, _prompts(tok), n=2, temperature=0.7, max_new_tokens=6, seed=3, top_logprobs=3
+    )
+    seen = 0
+    for c in (c for g in groups for c in g):
+        assert len(c.top_logprobs) == len(c.token_ids) > 0
+        for token, logprob, top in zip(c.token_ids, c.logprobs, c.top_logprobs, strict=True):
+            assert len(top) == 3
+            ranked = [lp for _, lp in top]
+            assert ranked == sorted(ranked, reverse=True)
+            if token in dict(top):
+                seen += 1
+                assert dict(top)[token] == pytest.approx(logprob, abs=1e-4)
+            else:  # a token outside the top 3 is less likely than all of them
+                assert logprob <= ranked[-1] + 1e-4
+    assert seen > 0
+
+
+@pytest.mark.parametrize("mode", ["fixed", "iid"])
+def test_tree_rollouts_share_prefixes_and_keep_exact_logprobs(worker, tiny_model_dir, mode):
     """Tree rollouts through the engine's prefix continuation (before any weight update: the
-    forward pass is of the starting weights): leaves below a node share its tokens, and
+    forward pass is of the starting weights), TreePO's fixed segments and the shared
+    prefixes of independent replies (``iid``): leaves below a node share its tokens, and
     every leaf's logprobs, the copied shared ones included, equal a forward pass."""
     _, actor = worker
     tok = load_tokenizer(tiny_model_dir)
@@ -92,8 +120,13 @@ def test_tree_rollouts_share_prefixes_and_keep_exact_logprobs(worker, tiny_model
         seeded = dataclasses.replace(params, seed=next(calls))
         return ray.get(actor.generate.remote(ids, seeded, budgets))
 
-    tree = TreeConfig(enabled=True, branching=2, segment_tokens=2)
-    groups = sample_tree(prompts, sampling, tree, complete)
+    if mode == "fixed":
+        tree = TreeConfig(enabled=True, branching=2, segment_tokens=2)
+        groups = sample_tree(prompts, sampling, tree, complete)
+    else:
+        ends = {tok.eos_token_id}
+        uniform = np.random.default_rng(0).random
+        groups = sample_iid_tree(prompts, sampling, 20, ends, complete, uniform)
     flat = [c for g in groups for c in g]
     assert [len(g) for g in groups] == [4, 4]
     for group in groups:
@@ -105,9 +138,12 @@ def test_tree_rollouts_share_prefixes_and_keep_exact_logprobs(worker, tiny_model
                 by_node.setdefault(node, set()).add(tuple(c.token_ids[start : start + n]))
                 start += n
         assert all(len(tokens) == 1 for tokens in by_node.values())  # one segment per node
-        assert generated_tokens(RolloutGroup(None, [_sample(c) for c in group])) < sum(
-            len(c.token_ids) for c in group
-        )
+        made = generated_tokens(RolloutGroup(None, [_sample(c) for c in group]))
+        if mode == "fixed":
+            assert made < sum(len(c.token_ids) for c in group)
+        else:  # each distinct prefix once: the trie of the replies (shared only by chance)
+            trie = {tuple(c.token_ids[:k]) for c in group for k in range(1, len(c.token_ids) + 1)}
+            assert made == len(trie)
     batch = pack(
         [p for p in prompts for _ in range(4)],
         [c.token_ids for c in flat],

@@ -75,6 +75,13 @@ BACKENDS = {
     # tree rollouts (1-token shared segments of 4-token replies) with TreePO's sub-tree
     # advantages: the trees grown after the checkpoint must be the ones the full run grew
     "fsdp2_tree": TREE,
+    # the shared prefixes of independent replies: the followers' draws after the checkpoint
+    # must be the ones the full run made (a low temperature, so the replies share prefixes)
+    "fsdp2_tree_iid": [
+        "rollout.tree.enabled=true",
+        "rollout.tree.mode=iid",
+        "rollout.temperature=0.3",
+    ],
 }
 
 
@@ -150,6 +157,7 @@ def uninterrupted(ray_cpu, tmp_path_factory):
         pytest.param("deepspeed_zero2_lora", marks=pytest.mark.long),
         # 156 s on the shared 2-core machine (two 4-step runs and the resumed half)
         pytest.param("fsdp2_tree", marks=pytest.mark.long),
+        pytest.param("fsdp2_tree_iid", marks=pytest.mark.long),
     ],
 )
 def test_stop_and_resume_matches_an_uninterrupted_run(uninterrupted, tmp_path, backend):

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
-from rlsys.engines.hf import _Sampler, _top_p
+from rlsys.engines.hf import _Sampler, _top_p, _top_pairs
 
 ROWS = 40_000
 
@@ -51,3 +54,21 @@ def test_greedy_takes_the_argmax_at_temperature_one():
     sampler, _, chosen = _draw(logits, 0.3, 0.5, greedy=True)
     assert bool((chosen == 1).all())
     torch.testing.assert_close(sampler.logprobs[0], torch.log_softmax(logits[0], -1)[chosen])
+
+
+def test_top_k_reports_the_likeliest_tokens_of_the_distribution_drawn_from():
+    """``top_k`` (tree rollouts' iid mode): the k likeliest tokens per step with their
+    behaviour logprobs; under top-p only the nucleus's (the tokens a draw can give)."""
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
+    sampler = _Sampler(1.0, 1.0, False, top_k=3)
+    sampler(torch.zeros(2, 1, dtype=torch.long), probs.log().repeat(2, 1))
+    values, ids = sampler.top[0]
+    assert ids.tolist() == [[1, 3, 2]] * 2
+    torch.testing.assert_close(values, probs.log()[0, [1, 3, 2]].repeat(2, 1))
+    nucleus = _Sampler(1.0, 0.7, False, top_k=3)  # 0.5 + 0.3 reach 0.7: two tokens
+    nucleus(torch.zeros(1, 1, dtype=torch.long), probs.log())
+    values, ids = nucleus.top[0]
+    assert ids[0, :2].tolist() == [1, 3] and values[0, 2] == float("-inf")
+    ((pairs,),) = _top_pairs(nucleus.top, 1)  # the -inf one left out
+    assert [t for t, _ in pairs] == [1, 3]
+    assert [lp for _, lp in pairs] == pytest.approx([math.log(0.5), math.log(0.3)], abs=1e-6)

@@ -54,6 +54,7 @@ from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.faults import nonfinite_streak
+from rlsys.models.loading import end_token_ids
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.pools import Pools
 from rlsys.replay import ReplayStore
@@ -211,6 +212,7 @@ class Controller:
             replace_worker=lambda worker, exc: self.recovery.replace_rollout_worker(worker, exc),
             episodes=self.collector.episodes,
             tree=cfg.rollout.tree if cfg.rollout.tree.enabled else None,
+            end_ids=self._end_ids(),
         )
         scoring = ScoringSide(
             self.collector.score,
@@ -220,6 +222,15 @@ class Controller:
             ReplayStore(cfg.buffer.replay) if cfg.buffer.replay.enabled else None,
         )
         return buffer, sampler, Pipeline(buffer, sampler, rollout, scoring)
+
+    def _end_ids(self) -> frozenset[int]:
+        """Tokens that end a reply, for iid tree rollouts (a reply that branches off onto one
+        ends there): the engines' EOS ids and ``rollout.stop_token_ids``."""
+        tree = self.cfg.rollout.tree
+        if not (tree.enabled and tree.mode == "iid"):
+            return frozenset()
+        eos = end_token_ids(self.pools.rollout.model_path, self.collector.tokenizer)
+        return frozenset([*eos, *self.cfg.rollout.stop_token_ids])
 
     # ---- the algorithm -------------------------------------------------------------------
 
