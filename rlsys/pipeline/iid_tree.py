@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlsys.pipeline.tree import Complete, join_segments
+from rlsys.pipeline.tree import Complete, differing, join_segments
 from rlsys.types import Completion, SamplingParams
 
 Path = list[tuple[int, Completion]]  # (tree node id, segment), the root's child first
@@ -82,7 +82,8 @@ def sample_iid_tree(
 ) -> list[list[Completion]] | None:
     """``sampling.n`` independent replies per prompt (see the module docstring), each at
     most ``sampling.max_new_tokens`` tokens, a reply ending at a token of ``ends`` (EOS and
-    stop tokens); leaves ordered depth-first. ``uniform`` draws the followers' uniforms.
+    stop tokens); a group's replies shuffled. ``uniform`` draws the followers' uniforms (and
+    the shuffle's keys).
     None if the run ends first (``complete`` returned None)."""
     limit = sampling.max_new_tokens
     lead = dataclasses.replace(sampling, n=1, top_logprobs=top_logprobs)
@@ -161,22 +162,23 @@ def _follow(
     segment, top = reply, list(reply.top_logprobs or [])
     if branch.first is not None:  # the branch's own first token opens the lead's segment
         segment, top = _prepend(branch.first, reply), [[], *top]
-    start = 0 if branch.first is None else 1  # every reply of the branch shares that token
     tokens = segment.token_ids
+    if not tokens:  # an engine that generated nothing: the replies end here, empty
+        leaves.extend([*branch.path, node(branch.prompt, segment)] for _ in range(branch.count))
+        return []
+    start = 0 if branch.first is None else 1  # every reply of the branch shares that token
+    missing = [max(0.0, 1.0 - sum(math.exp(lp) for _, lp in t)) for t in top]  # per position
     off: dict[tuple[int, int], list] = {}  # (position, token) -> [logprob, followers]
     copies = 1
     for _ in range(branch.count - 1):
         for j in range(start, len(tokens)):
             token, logprob = draw(top[j], uniform())
-            unreported.append(max(0.0, 1.0 - sum(math.exp(lp) for _, lp in top[j])))
+            unreported.append(missing[j])
             if token != tokens[j]:
                 off.setdefault((j, token), [logprob, 0])[1] += 1
                 break
         else:
             copies += 1
-    if not tokens:  # an engine that generated nothing: the replies end here, empty
-        leaves.extend([*branch.path, node(branch.prompt, segment)] for _ in range(branch.count))
-        return []
     cuts = sorted({0, len(tokens), *(j for j, _ in off)})
     pieces = [
         (b, node(branch.prompt, _slice(segment, a, b)))
@@ -204,7 +206,7 @@ def _prepend(first: tuple[int, float, int], reply: Completion) -> Completion:
         [logprob, *reply.logprobs],
         reply.finish_reason,
         min(versions),
-        token_versions=versions if len(set(versions)) > 1 else None,
+        token_versions=differing(versions),
     )
 
 
@@ -216,5 +218,5 @@ def _slice(segment: Completion, a: int, b: int) -> Completion:
         segment.logprobs[a:b],
         segment.finish_reason if b == len(segment.token_ids) else "length",
         min(versions),
-        token_versions=versions if len(set(versions)) > 1 else None,
+        token_versions=differing(versions),
     )

@@ -58,6 +58,11 @@ def split_quota(quota: int, branching: int) -> list[int]:
     return [base + (i < extra) for i in range(children)]
 
 
+def differing(versions: list[int]) -> list[int] | None:
+    """``versions`` as a ``Completion.token_versions``: None when every token has the same."""
+    return versions if len(set(versions)) > 1 else None
+
+
 def join_segments(path: list[tuple[int, Completion]]) -> Completion:
     """One reply from its ``(node id, segment)`` path, root's child first: token ids and
     behaviour logprobs concatenated (a shared segment's are copied into every leaf below
@@ -70,7 +75,7 @@ def join_segments(path: list[tuple[int, Completion]]) -> Completion:
         logprobs=[lp for c in segments for lp in c.logprobs],
         finish_reason=segments[-1].finish_reason,
         version=min(c.version for c in segments),
-        token_versions=versions if len(set(versions)) > 1 else None,
+        token_versions=differing(versions),
         segments=[(node_id, len(c.token_ids)) for node_id, c in path],
     )
 
