@@ -9,8 +9,10 @@ not fit.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from rlsys.config.checks import non_negative, one_of, positive
@@ -27,6 +29,8 @@ MAX_NAME = {"RayJob": 47, "RayCluster": 53}
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # The usual spellings of a Kubernetes quantity (16Gi, 500M, 1.5Ti): a subset of the API's.
 QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?")
+UNITS = {"": 1, **{u: 1000**i for i, u in enumerate("kMGTPE", 1)}}
+UNITS.update({f"{u}i": 1024**i for i, u in enumerate("KMGTPE", 1)})
 
 
 def check_quantity(key: str, value: str) -> None:
@@ -34,6 +38,30 @@ def check_quantity(key: str, value: str) -> None:
     if not QUANTITY.fullmatch(str(value)):
         raise ConfigError(
             f"{key}={value!r} is not a Kubernetes quantity; write it like 16Gi or 500Mi"
+        )
+
+
+def quantity_bytes(value: str) -> int:
+    """Bytes of a quantity ``check_quantity`` accepts (16Gi, 500M, 1.5Ti), rounded up."""
+    match = QUANTITY.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity such as 16Gi")
+    unit = match.group(2) or ""
+    return math.ceil(Decimal(value[: len(value) - len(unit)]) * UNITS[unit])
+
+
+def check_shm(prefix: str, memory: str | None, shm_size: str | None) -> None:
+    """A /dev/shm size that is a quantity and fits in the pod's memory."""
+    if shm_size is None:
+        return
+    check_quantity(f"{prefix}.shm_size", shm_size)
+    if quantity_bytes(shm_size) == 0:
+        raise ConfigError(f"{prefix}.shm_size=0 leaves no /dev/shm; give a size such as 16Gi")
+    if memory is not None and quantity_bytes(shm_size) > quantity_bytes(memory):
+        raise ConfigError(
+            f"{prefix}.shm_size={shm_size} exceeds {prefix}.memory={memory}: /dev/shm is "
+            f"memory of the pod, counted against its limit; lower {prefix}.shm_size or raise "
+            f"{prefix}.memory (null sizes it as the processes' estimate plus shm_size)"
         )
 
 
@@ -58,7 +86,10 @@ class HeadConfig:
     advertises no CPUs to Ray, so no actor lands on it."""
 
     cpus: int = 2  # CPU request = limit of the head pod (driver, GCS, dashboard)
-    memory: str = "8Gi"  # memory request = limit (Kubernetes quantity)
+    memory: str = "8Gi"  # memory request = limit (Kubernetes quantity), /dev/shm included
+    # The head's /dev/shm, as the worker groups' shm_size: the driver's ray.put objects live
+    # in the head's object store (null: a third of memory).
+    shm_size: str | None = None
     # Label and toleration values are Any, not str, so that {gpu:true} stays the label value
     # "true" (a str field would turn Hydra's boolean into "True").
     node_selector: dict[str, Any] = field(default_factory=dict)  # pod nodeSelector
@@ -68,6 +99,7 @@ class HeadConfig:
         """Validate, naming keys under ``prefix``."""
         positive(f"{prefix}.cpus", self.cpus)
         check_quantity(f"{prefix}.memory", self.memory)
+        check_shm(prefix, self.memory, self.shm_size)
         check_tolerations(f"{prefix}.tolerations", self.tolerations)
 
 
@@ -82,7 +114,17 @@ class WorkerGroupConfig:
     # placed on one pod ask for, rounded up).
     cpus: int | None = None
     gpus: int | None = None  # GPUs per pod, as cpus (null: what its actors ask for, rounded up)
-    memory: str | None = None  # per pod, e.g. 64Gi (null: 4Gi per CPU + 16Gi per GPU)
+    # Per pod, e.g. 64Gi, /dev/shm included (null: 4Gi per CPU + 16Gi per GPU for the
+    # processes, plus shm_size).
+    memory: str | None = None
+    # Per pod: size of /dev/shm, a memory-backed emptyDir, where Ray keeps its object store
+    # and NCCL's shared-memory transport, vLLM's tensor-parallel broadcast and torch's shared
+    # CPU tensors put their buffers (Kubernetes gives a container 64Mi; KubeRay's operator,
+    # when a manifest has none, adds one as large as memory). Its pages count against memory.
+    # null: a third of memory (both null: half the processes' estimate), just above the 30%
+    # Ray's object store takes by default, which Ray moves to /tmp (slow) when /dev/shm
+    # cannot hold it.
+    shm_size: str | None = None
     node_selector: dict[str, Any] = field(default_factory=dict)  # e.g. {pool:rollout}
     # e.g. [{key:nvidia.com/gpu,operator:Exists,effect:NoSchedule}]
     tolerations: list[dict[str, Any]] = field(default_factory=list)
@@ -97,6 +139,7 @@ class WorkerGroupConfig:
             non_negative(f"{prefix}.gpus", self.gpus)
         if self.memory is not None:
             check_quantity(f"{prefix}.memory", self.memory)
+        check_shm(prefix, self.memory, self.shm_size)
         check_tolerations(f"{prefix}.tolerations", self.tolerations)
 
 

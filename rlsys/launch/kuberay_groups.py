@@ -15,14 +15,16 @@ import math
 from dataclasses import dataclass
 
 from rlsys.config.errors import ConfigError
-from rlsys.config.kuberay import WorkerGroupConfig
+from rlsys.config.kuberay import WorkerGroupConfig, quantity_bytes
 from rlsys.config.schema import TrainConfig
 from rlsys.placement import ActorResources, Roles, check_fits, plan_placement, pool_specs
 
-# Memory of a pod whose launcher.kuberay.<group>.memory is null: per CPU, plus per GPU for
-# the host copy of the weights a GPU engine or learner loads.
+# Memory of a pod's processes when launcher.kuberay.<group>.memory is null: per CPU, plus per
+# GPU for the host copy of the weights a GPU engine or learner loads. /dev/shm comes on top.
 GIB_PER_CPU = 4
 GIB_PER_GPU = 16
+GIB = 1024**3
+MIB = 1024**2
 _EPS = 1e-9  # float slack: 3 x 0.1 CPUs fit 0.3
 
 
@@ -47,7 +49,8 @@ class GroupShape:
     replicas: int
     cpus: int  # per pod: Kubernetes request = limit and Ray's num-cpus
     gpus: int  # per pod
-    memory: str  # per pod (Kubernetes quantity)
+    memory: str  # per pod (Kubernetes quantity), /dev/shm included
+    shm: str  # per pod: sizeLimit of the memory-backed /dev/shm
     custom: dict[str, float]  # custom Ray resources per pod (rayStartParams.resources)
     slots: dict[str, int]  # actors of each hosted pool one pod takes
     config: WorkerGroupConfig  # node selector, tolerations
@@ -90,6 +93,23 @@ def _show(value: int | None) -> str:
     return "null" if value is None else str(value)
 
 
+def _mebibytes(size: int) -> str:
+    """``size`` bytes as a quantity, rounded up to a whole Mi (Gi when exact)."""
+    mib = -(-size // MIB)
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def pod_memory(memory: str | None, shm: str | None, processes: int) -> tuple[str, str]:
+    """A pod's memory and /dev/shm, the user's where set. /dev/shm is tmpfs charged to the
+    pod's memory, so a null memory is the ``processes`` bytes plus /dev/shm, and a null
+    /dev/shm a third of memory (Ray's object store takes 30% of it and stays in /dev/shm only
+    if it fits there); both null, /dev/shm is half of ``processes``."""
+    if memory is not None:
+        return memory, shm or _mebibytes(-(-quantity_bytes(memory) // 3))
+    shm_bytes = quantity_bytes(shm) if shm else processes // 2
+    return _mebibytes(processes + shm_bytes), shm or _mebibytes(shm_bytes)
+
+
 def size_group(
     name: str, key: str, group: WorkerGroupConfig, pools: list[HostedPool]
 ) -> GroupShape:
@@ -127,13 +147,16 @@ def size_group(
             custom[resource] = custom.get(resource, 0.0) + slots[pool.name] * amount
     pod_cpus = group.cpus if group.cpus is not None else max(1, math.ceil(cpus - _EPS))
     pod_gpus = group.gpus if group.gpus is not None else math.ceil(gpus - _EPS)
+    processes = (GIB_PER_CPU * pod_cpus + GIB_PER_GPU * pod_gpus) * GIB
+    memory, shm = pod_memory(group.memory, group.shm_size, processes)
     return GroupShape(
         name=name,
         key=key,
         replicas=replicas,
         cpus=pod_cpus,
         gpus=pod_gpus,
-        memory=group.memory or f"{GIB_PER_CPU * pod_cpus + GIB_PER_GPU * pod_gpus}Gi",
+        memory=memory,
+        shm=shm,
         custom=custom,
         slots=slots,
         config=group,

@@ -20,11 +20,12 @@ import yaml
 from rlsys.config.kuberay import MAX_NAME, KubeRayConfig
 from rlsys.config.schema import TrainConfig
 from rlsys.launch.base import override_key, shell_join, train_command
-from rlsys.launch.kuberay_groups import GroupShape, worker_groups
+from rlsys.launch.kuberay_groups import GroupShape, pod_memory, worker_groups
 
 API_VERSION = "ray.io/v1"
 LABELS = {"app.kubernetes.io/name": "rlsys"}
 VOLUME = "rlsys-runs"  # the pod-level name of the claim's volume
+SHM = "shm"  # the pod-level name of the memory-backed /dev/shm
 HEAD_PORTS = [  # KubeRay's port names: its head service and the RayJob submitter use them
     {"name": "gcs-server", "containerPort": 6379},
     {"name": "dashboard", "containerPort": 8265},
@@ -97,11 +98,13 @@ def _pod(
     kuberay: KubeRayConfig,
     container: str,
     resources: dict[str, Any],
+    shm: str,
     node_selector: dict[str, Any],
     tolerations: list[dict[str, Any]],
     ports: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A pod template running the image as KubeRay's container ``container``."""
+    """A pod template running the image as KubeRay's container ``container``, with a
+    memory-backed /dev/shm of ``shm`` (KubeRay's operator then adds none of its own)."""
     box: dict[str, Any] = {
         "name": container,
         "image": kuberay.image,
@@ -113,11 +116,16 @@ def _pod(
     env = _env(kuberay)
     if env:
         box["env"] = env
-    spec: dict[str, Any] = {"containers": [box]}
+    mounts = [{"name": SHM, "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [
+        {"name": SHM, "emptyDir": {"medium": "Memory", "sizeLimit": shm}}
+    ]
     claim = kuberay.volume.claim
     if claim is not None:
-        box["volumeMounts"] = [{"name": VOLUME, "mountPath": kuberay.volume.mount_path}]
-        spec["volumes"] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}}]
+        mounts.insert(0, {"name": VOLUME, "mountPath": kuberay.volume.mount_path})
+        volumes.insert(0, {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}})
+    box["volumeMounts"] = mounts
+    spec: dict[str, Any] = {"containers": [box], "volumes": volumes}
     if kuberay.service_account:
         spec["serviceAccountName"] = kuberay.service_account
     if node_selector:
@@ -155,7 +163,12 @@ def _worker_group(kuberay: KubeRayConfig, group: GroupShape) -> dict[str, Any]:
         "maxReplicas": group.replicas,
         "rayStartParams": params,
         "template": _pod(
-            kuberay, "ray-worker", sizes, group.config.node_selector, group.config.tolerations
+            kuberay,
+            "ray-worker",
+            sizes,
+            group.shm,
+            group.config.node_selector,
+            group.config.tolerations,
         ),
     }
 
@@ -164,6 +177,7 @@ def cluster_spec(cfg: TrainConfig) -> dict[str, Any]:
     """spec of a RayCluster (a RayJob's rayClusterSpec): head plus sized worker groups."""
     kuberay = cfg.launcher.kuberay
     head = kuberay.head
+    memory, shm = pod_memory(head.memory, head.shm_size, 0)
     return {
         "rayVersion": kuberay.ray_version,
         "enableInTreeAutoscaling": False,  # the pools have fixed sizes; no autoscaler
@@ -176,7 +190,8 @@ def cluster_spec(cfg: TrainConfig) -> dict[str, Any]:
             "template": _pod(
                 kuberay,
                 "ray-head",
-                _sizes(head.cpus, head.memory),
+                _sizes(head.cpus, memory),
+                shm,
                 head.node_selector,
                 head.tolerations,
                 HEAD_PORTS,

@@ -19,7 +19,13 @@ import yaml
 
 from rlsys.cli import main
 from rlsys.config import ConfigError
-from rlsys.config.kuberay import HeadConfig, KubeRayConfig, VolumeConfig, WorkerGroupConfig
+from rlsys.config.kuberay import (
+    HeadConfig,
+    KubeRayConfig,
+    VolumeConfig,
+    WorkerGroupConfig,
+    quantity_bytes,
+)
 from rlsys.config.loader import load_config
 from rlsys.config.schema import TrainConfig
 from rlsys.launch import LaunchError
@@ -84,6 +90,13 @@ VARIANTS = {
     "raycluster": {"launcher.kuberay.kind": "RayCluster", "launcher.kuberay.image": "rlsys:cpu"},
     "gpu-disaggregated": GPU_DISAGGREGATED,
     "gpu-raycluster": {**GPU_DISAGGREGATED, "launcher.kuberay.kind": "RayCluster"},
+    "gpu-shm": {
+        **GPU_DISAGGREGATED,
+        "launcher.kuberay.head.shm_size": "3Gi",
+        "launcher.kuberay.rollout.shm_size": "16Gi",
+        "launcher.kuberay.learner.memory": "256Gi",
+        "launcher.kuberay.learner.shm_size": "96Gi",
+    },
     "critic-reference": {"algorithm.advantage": "gae", "algorithm.kl_coef": 0.01},
     "bare": {
         "launcher.kuberay.volume.claim": None,
@@ -115,6 +128,9 @@ HEAD_LIMITS = [
     *("spec", "rayClusterSpec", "headGroupSpec", "template", "spec", "containers", 0),
     *("resources", "limits"),
 ]
+
+
+HEAD_VOLUMES = ["spec", "rayClusterSpec", "headGroupSpec", "template", "spec", "volumes"]
 
 
 def configured(base: TrainConfig, changes: dict) -> TrainConfig:
@@ -238,6 +254,9 @@ def test_hydra_overrides_give_the_same_manifests(base):
             "does not match",
         ),
         (["spec", "ttlSecondsAfterFinished"], 2**40, "overflows int32"),
+        # the memory-backed /dev/shm: the head's second volume, after the claim
+        ([*HEAD_VOLUMES, 1, "emptyDir", "sizeLimit"], "16 GB", "does not match"),
+        ([*HEAD_VOLUMES, 1, "emptyDir", "medum"], "Memory", "unknown field"),
     ],
 )
 def test_validation_rejects_broken_manifests(path, value, expected, base, crds):
@@ -296,7 +315,7 @@ def test_disaggregated_pools_get_their_own_pinned_groups(base):
     pod = learner["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"] == {
         "cpu": "16",
-        "memory": "128Gi",  # 4Gi per CPU + 16Gi per GPU
+        "memory": "192Gi",  # 4Gi per CPU + 16Gi per GPU, plus half that for /dev/shm
         "nvidia.com/gpu": "4",
     }
     assert pod["nodeSelector"] == {"pool": "learner"}
@@ -464,6 +483,54 @@ def test_every_pod_mounts_the_volume_and_gets_the_tracker_keys(base):
     assert head["rayStartParams"]["num-cpus"] == "0"
 
 
+def _pods(doc: dict) -> dict[str, dict]:
+    """Each pod template of a RayJob / RayCluster by group name (the head's: "head")."""
+    cluster = _cluster(doc)
+    pods = {"head": cluster["headGroupSpec"]["template"]}
+    return pods | {g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]}
+
+
+def _shm_and_memory(pod: dict) -> tuple[str, str]:
+    """The sizeLimit of the pod's one memory-backed /dev/shm, and the container's memory."""
+    (container,) = pod["spec"]["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    memory = container["resources"]["limits"]["memory"]
+    assert container["resources"]["requests"]["memory"] == memory
+    return volume["emptyDir"]["sizeLimit"], memory
+
+
+def test_every_pod_gets_a_memory_backed_dev_shm_of_the_configured_size(base, crds):
+    docs = rendered(configured(base, VARIANTS["gpu-shm"]))
+    pods = _pods(_main_doc(docs))
+    assert {name: _shm_and_memory(pod) for name, pod in pods.items()} == {
+        "head": ("3Gi", "8Gi"),
+        # memory null: the processes' 4Gi per CPU + 16Gi per GPU (2 CPUs, 1 GPU), plus /dev/shm
+        "rollout": ("16Gi", "40Gi"),
+        "learner": ("96Gi", "256Gi"),  # both set: kept
+    }
+    # the volume of the run directories is still the first mount
+    for pod in pods.values():
+        assert pod["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] == "/mnt/rlsys"
+    assert crd_errors(_main_doc(docs), crds) == []
+
+
+def test_dev_shm_defaults_to_a_third_of_the_pod_memory(base):
+    """Ray's object store takes 30% of a pod's memory and stays in /dev/shm only if it fits;
+    /dev/shm is charged to the pod's memory, so a null memory grows by it."""
+    gpu = configured(base, GPU_DISAGGREGATED)
+    sizes = {name: _shm_and_memory(pod) for name, pod in _pods(_main_doc(rendered(gpu))).items()}
+    assert sizes == {
+        "head": ("2731Mi", "8Gi"),  # 8Gi / 3, rounded up to a Mi
+        "rollout": ("12Gi", "36Gi"),  # processes 24Gi, /dev/shm half that
+        "learner": ("64Gi", "192Gi"),  # processes 128Gi
+    }
+    pinned = configured(base, {"launcher.kuberay.workers.memory": "64Gi"})
+    (group,) = worker_groups(pinned)
+    assert (group.memory, group.shm) == ("64Gi", "21846Mi")
+
+
 @pytest.mark.parametrize(
     ("make", "key"),
     [
@@ -485,6 +552,22 @@ def test_every_pod_mounts_the_volume_and_gets_the_tracker_keys(base):
         (
             lambda: KubeRayConfig(learner=WorkerGroupConfig(tolerations=[{"effekt": "x"}])),
             "launcher.kuberay.learner.tolerations",
+        ),
+        (
+            lambda: KubeRayConfig(head=HeadConfig(memory="8Gi", shm_size="9Gi")),
+            "launcher.kuberay.head.shm_size",
+        ),
+        (
+            lambda: KubeRayConfig(learner=WorkerGroupConfig(memory="64Gi", shm_size="70G")),
+            "launcher.kuberay.learner.shm_size",
+        ),
+        (
+            lambda: KubeRayConfig(rollout=WorkerGroupConfig(shm_size="16 GB")),
+            "launcher.kuberay.rollout.shm_size",
+        ),
+        (
+            lambda: KubeRayConfig(workers=WorkerGroupConfig(shm_size="0")),
+            "launcher.kuberay.workers.shm_size",
         ),
         (
             lambda: KubeRayConfig(volume=VolumeConfig(mount_path="mnt")),
@@ -609,6 +692,10 @@ def test_committed_manifests_are_current_and_valid(name, capsys, crds):
     for doc in yaml.safe_load_all(text):
         if doc["kind"] in CRD_KINDS:
             assert crd_errors(doc, crds) == []
+            # NCCL, vLLM and Ray's object store need more than Kubernetes' 64Mi /dev/shm
+            for group, pod in _pods(doc).items():
+                shm, memory = _shm_and_memory(pod)
+                assert quantity_bytes(shm) * 3 >= quantity_bytes(memory), (name, group)
 
 
 def test_k8s_holds_only_the_checked_manifests():
