@@ -122,6 +122,7 @@ def _child(args, overrides: list[str]) -> int:
 
 def _run_setting(name: str, args, extra: list[str]) -> dict:
     overrides = [f"learner.world_size={args.world_size}", f"learner.micro_batch_size={args.rows}"]
+    overrides.append("learner.max_tokens_per_micro_batch=null")  # one micro-batch, any length
     overrides += SETTINGS[name] + extra
     command = [
         sys.executable,

@@ -77,7 +77,12 @@ class AgentRunner:
     """Runs ``agent`` once per trajectory over a rollout loop's ``complete``."""
 
     def __init__(
-        self, agent: Agent, tokenizer, fmt: ToolFormat, cfg: EnvConfig, max_prompt_tokens: int
+        self,
+        agent: Agent,
+        tokenizer,
+        fmt: ToolFormat,
+        cfg: EnvConfig,
+        max_prompt_tokens: int | None,  # None: unresolved, no bound (see RolloutCollector)
     ) -> None:
         self.agent, self.tokenizer, self.fmt, self.cfg = agent, tokenizer, fmt, cfg
         self.max_prompt_tokens = max_prompt_tokens
@@ -221,7 +226,8 @@ class AgentRunner:
         """The session's ``generate``: bounds the call, queues it for the loop and waits."""
 
         def generate(session: Session, ids: list[int], spec: CallSpec) -> Completion | None:
-            if not session.calls and len(ids) > self.max_prompt_tokens:
+            limit = self.max_prompt_tokens
+            if not session.calls and limit is not None and len(ids) > limit:
                 session.too_long = (
                     f"the first prompt has {len(ids)} tokens, over task.max_prompt_tokens="
                     f"{self.max_prompt_tokens}; send a shorter conversation or raise the bound"

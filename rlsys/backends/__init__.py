@@ -63,4 +63,12 @@ def build_backend(
     common = (model_path, dtype, cfg.optim, cfg.micro_batch_size, temperature, device, role)
     backend = BACKENDS.get(cfg.backend)
     extra = {"freeze_vision": True} if freeze_vision else {}
-    return backend(cfg, *common, trainable=trainable, lora=lora, **extra)
+    return backend(
+        cfg,
+        *common,
+        trainable=trainable,
+        lora=lora,
+        max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+        logits_chunk_tokens=cfg.logits_chunk_tokens,
+        **extra,
+    )

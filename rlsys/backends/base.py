@@ -26,7 +26,7 @@ import torch.distributed as dist
 from rlsys.algorithms.losses import loss_weights
 from rlsys.algorithms.objectives import Objective
 from rlsys.backends import checkpoint as ckpt
-from rlsys.backends.data_parallel import forward_plan, train_plan
+from rlsys.backends.data_parallel import forward_plan, micro_batch_rows, train_plan
 from rlsys.backends.schedule import lr_at
 from rlsys.checkpoint import fsync_tree
 from rlsys.config.learner import LearnerConfig, OptimConfig
@@ -113,6 +113,8 @@ class TrainingBackend(ABC):
         lora: LoraConfig | None = None,
         memory: MemorySettings | None = None,
         freeze_vision: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
+        logits_chunk_tokens: int | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
@@ -120,7 +122,9 @@ class TrainingBackend(ABC):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.model_path = model_path
         self.dtype = dtype
-        self.micro = micro_batch_size
+        self.micro = micro_batch_size  # rows per micro-batch at most
+        self.micro_tokens = max_tokens_per_micro_batch  # rows x padded length at most (None: any)
+        self.logits_chunk = logits_chunk_tokens  # positions per LM-head slice (None: all at once)
         self.temperature = temperature
         self.device = device
         self.mixed_precision = mixed_precision
@@ -298,13 +302,18 @@ class TrainingBackend(ABC):
             out.update(vision_inputs(self.module.config, out["input_ids"], pixels, self.device))
         return out
 
+    def _micro_rows(self, batch: TrainBatch) -> int:
+        """Rows per micro-batch of ``batch`` (see ``micro_batch_rows``): every pass cuts with
+        this."""
+        return micro_batch_rows(self.micro, self.micro_tokens, batch.input_ids.shape[1])
+
     @torch.no_grad()
     def _map_rows(self, batch: TrainBatch, fn: Callable) -> tuple[np.ndarray, np.ndarray]:
         """Apply ``fn(tensors) -> (rows, ...) tensor`` to this rank's rows, micro-batch-wise."""
         if self.module.training:  # eval() walks every module: a reference never leaves it
             self.model.eval()
         rows_out, chunks = [np.zeros(0, dtype=np.int64)], []
-        for rows in forward_plan(len(batch), self.world_size, self.rank, self.micro):
+        for rows in forward_plan(len(batch), self.world_size, self.rank, self._micro_rows(batch)):
             with self._autocast():  # every fn returns fp32 (or token ids) under autocast too
                 out = fn(self._tensors(batch, rows))
             if len(rows):
@@ -325,6 +334,7 @@ class TrainingBackend(ABC):
                 self.temperature,
                 first_scored(t["loss_mask"]),
                 vision=_vision(t),
+                slice_tokens=self.logits_chunk,
             )[0],
         )
 
@@ -353,7 +363,7 @@ class TrainingBackend(ABC):
         return self._map_rows(
             batch,
             lambda t: greedy_next_tokens(
-                self.model, t["input_ids"], t["attention_mask"], _vision(t)
+                self.model, t["input_ids"], t["attention_mask"], _vision(t), self.logits_chunk
             ),
         )
 
@@ -372,6 +382,7 @@ class TrainingBackend(ABC):
             entropy=True,
             entropy_grad=entropy_grad,
             vision=_vision(t),
+            slice_tokens=self.logits_chunk,
         )
         return {"logprobs": logprobs, "entropy": entropy}
 
@@ -400,7 +411,7 @@ class TrainingBackend(ABC):
                 self.world_size,
                 self.rank,
                 num_mini_batches,
-                self.micro,
+                self._micro_rows(batch),
                 seed + epoch,
                 objective.rows_per_group,
             )

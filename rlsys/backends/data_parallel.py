@@ -4,6 +4,14 @@ Every rank receives the whole batch and computes the same plan, so each knows it
 the global token count of every mini-batch (for an exact token mean across ranks). All ranks
 get the same number of micro-batches, because FSDP collectives must line up; a rank with
 fewer rows gets empty micro-batches, which the backend runs as a masked dummy row.
+
+How large a micro-batch is comes from one place, ``micro_batch_rows``: at most
+``learner.micro_batch_size`` rows and at most ``learner.max_tokens_per_micro_batch`` tokens
+(rows x the batch's padded length), at least one row; every pass (the train step and the
+forward-only passes: log-probabilities, values, scores, greedy tokens) of every backend cuts
+its rows with it. Rows are neither sorted by length nor packed: every row of a batch has its
+padded length, and a micro-batch's gradient is a sum the loss weights make independent of
+the cut, so only memory and speed depend on it, never the result.
 """
 
 from __future__ import annotations
@@ -21,6 +29,14 @@ class MiniBatchPlan:
     micro_batches: list[np.ndarray]  # row indices per micro-batch (may be empty)
     global_tokens: float  # loss-mask tokens in this mini-batch over all ranks
     global_seqs: float  # sequences with a loss-mask token in this mini-batch over all ranks
+
+
+def micro_batch_rows(max_rows: int, max_tokens: int | None, length: int) -> int:
+    """Rows per micro-batch of sequences padded to ``length`` tokens: at most ``max_rows``,
+    at most as many as fit ``max_tokens`` (None: no token bound), at least one."""
+    if max_tokens is None:
+        return max_rows
+    return max(1, min(max_rows, max_tokens // max(length, 1)))
 
 
 def _equal_micro_batches(rank_rows: list[np.ndarray], rank: int, micro: int) -> list[np.ndarray]:

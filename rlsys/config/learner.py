@@ -73,7 +73,21 @@ class LearnerConfig:
     num_gpus_per_rank: float = 0.0  # GPUs per learner rank (0: CPU, gloo)
     num_mini_batches: int = 1  # optimizer steps per pass over the batch (PPO mini-batches)
     ppo_epochs: int = 2  # passes over the batch
-    micro_batch_size: int = 128  # sequences per forward/backward on one rank
+    micro_batch_size: int = 128  # sequences per forward/backward on one rank, at most
+    # Tokens per forward/backward on one rank, at most: a micro-batch holds as many rows as
+    # fit (rows x the batch's padded length; at least one row, at most micro_batch_size), in
+    # every pass (train step, log-probabilities, values, scores), so activation memory stays
+    # bounded as responses grow. 16384 leaves micro-batches of 128 rows up to 128 tokens long
+    # as they were (the built-in CPU job's sequences are ~10 tokens: its figures hold) and cuts
+    # 1k-token responses into ~14 rows (verl's token budget per GPU defaults to 16384 too).
+    # Loss and gradients do not depend on the cut. null: micro_batch_size rows, any length.
+    max_tokens_per_micro_batch: int | None = 16384
+    # The LM head runs on slices of this many positions (rlsys/models/lm_head.py): each
+    # slice's logits are reduced to log-probabilities (and entropies) and dropped, and
+    # recomputed in backward, so memory holds one slice's logits, not a micro-batch's
+    # (B, T, V). 1024 positions x Qwen2.5's 152k vocabulary are 0.6 GB of fp32 logits; the
+    # cost is one more head matmul per slice in backward. null: a micro-batch at once.
+    logits_chunk_tokens: int | None = 1024
     # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
     # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
     # gathered and run in bf16); one fsdp2 rank and deepspeed: forward passes under
@@ -117,6 +131,9 @@ class LearnerConfig:
         positive(f"{prefix}.num_mini_batches", self.num_mini_batches)
         positive(f"{prefix}.ppo_epochs", self.ppo_epochs)
         positive(f"{prefix}.micro_batch_size", self.micro_batch_size)
+        for key in ("max_tokens_per_micro_batch", "logits_chunk_tokens"):
+            if getattr(self, key) is not None:
+                positive(f"{prefix}.{key}", getattr(self, key))
         if self.mixed_precision is not None:
             one_of(f"{prefix}.mixed_precision", self.mixed_precision, MIXED_PRECISION)
         one_of(f"{prefix}.reduce_dtype", self.reduce_dtype, REDUCE_DTYPES)

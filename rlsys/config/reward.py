@@ -48,7 +48,8 @@ class RewardModelConfig:
     num_cpus: float = 1.0  # per rank (also its torch thread count)
     num_gpus: float = 0.0  # per rank
     dtype: str = "float32"  # reward model weights: float32 | bfloat16 | float16 (not deepspeed)
-    batch_size: int = 32  # sequences per forward pass
+    # sequences per forward pass (each at most max_length tokens: no further token budget)
+    batch_size: int = 32
     max_length: int = 512  # longer prompt + completion pairs are truncated from the left
 
     def __post_init__(self) -> None:
@@ -75,6 +76,9 @@ class RewardModelConfig:
             num_cpus_per_rank=self.num_cpus,
             num_gpus_per_rank=self.num_gpus,
             micro_batch_size=self.batch_size,
+            # batch_size rows of at most max_length tokens, as the key says (a score head has
+            # no (B, T, V) logits to slice)
+            max_tokens_per_micro_batch=self.batch_size * self.max_length,
             deepspeed=DeepSpeedConfig(zero_stage=3),
         )
 

@@ -174,7 +174,13 @@ class TaskConfig:
     # list of them), shown before the prompt text; null: text only. Needs a VL model.
     image_key: str | None = None
     shapes: ShapesConfig = field(default_factory=ShapesConfig)  # task.name=shapes only
-    max_prompt_tokens: int = 64  # longer prompts are skipped and counted
+    # Longer prompts (as formatted: chat template, instruction, image tokens) are left out,
+    # counted, with a warning per split naming how many and the longest. null: what the
+    # model's context leaves a prompt, resolved when a command loads the model: its
+    # max_position_embeddings (the text config's; at most rollout.vllm.max_model_len) minus
+    # the response bound (the task's max_new_tokens, eval.max_new_tokens if larger; with
+    # task.env a whole trajectory's: env.max_total_tokens, or max_new_tokens x max_turns)
+    max_prompt_tokens: int | None = None
     max_new_tokens: int | None = None  # null: the task's own bound (arithmetic: answer + EOS)
     # Prompt formatting (any task): what the model sees around each prompt's text.
     instruction: str | None = None  # appended to every prompt, e.g. how to give the answer
@@ -204,7 +210,8 @@ class TaskConfig:
         positive("task.digits", self.digits)
         positive("task.train_size", self.train_size)
         positive("task.eval_size", self.eval_size)
-        positive("task.max_prompt_tokens", self.max_prompt_tokens)
+        if self.max_prompt_tokens is not None:
+            positive("task.max_prompt_tokens", self.max_prompt_tokens)
         if self.max_new_tokens is not None:
             positive("task.max_new_tokens", self.max_new_tokens)
         if not self.operand_counts or any(c < 2 for c in self.operand_counts):
@@ -360,8 +367,9 @@ class ReferenceConfig:
 
     def group(self, learner: LearnerConfig) -> LearnerConfig:
         """The learner-group config the reference ranks are built from: the learner's micro
-        batch, with this world size and backend, the model's dtype throughout (no mixed
-        precision, no compiled layers, no offload) and ZeRO-3 for DeepSpeed."""
+        batch (rows, token budget) and logit slices, with this world size and backend, the
+        model's dtype throughout (no mixed precision, no compiled layers, no offload) and
+        ZeRO-3 for DeepSpeed."""
         return dataclasses.replace(
             learner,
             backend=self.backend or learner.backend,

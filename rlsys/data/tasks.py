@@ -43,18 +43,17 @@ class TaskSplits:
     skipped_rows: int = 0  # malformed file rows left out
     skipped_too_long: int = 0  # prompts over task.max_prompt_tokens left out (screen_prompts)
 
-    def screen_prompts(self, encode) -> TaskSplits:
-        """These splits without the prompts ``encode`` (a collector's) rejects as over
-        ``task.max_prompt_tokens``, counted, so no step draws a prompt it cannot use."""
-        # the prompts as they were: encoding a VL prompt attaches its processed images, which
-        # are recomputed per draw rather than held for every prompt of the split
-        train = [p for p in self.train if encode([p])[0]]
-        evals = [p for p in self.eval if encode([p])[0]]
+    def screen_prompts(self, length: Callable[[Prompt], int], limit: int) -> TaskSplits:
+        """These splits without the prompts over ``limit`` tokens (``task.max_prompt_tokens``;
+        ``length``: a prompt's token count as the collector formats it), counted and warned
+        about per split, so no step draws a prompt it cannot use."""
+        train = screen(self.train, length, limit, "train")
+        evals = screen(self.eval, length, limit, "eval")
         dropped = len(self.train) + len(self.eval) - len(train) - len(evals)
         if not train:
-            raise ValueError(
+            raise ConfigError(
                 f"every one of the {len(self.train)} training prompts is longer than "
-                "task.max_prompt_tokens; raise it"
+                f"task.max_prompt_tokens={limit}; raise it"
             )
         return dataclasses.replace(
             self, train=train, eval=evals, skipped_too_long=self.skipped_too_long + dropped
@@ -67,6 +66,29 @@ class TaskSplits:
             "skipped_malformed_rows": self.skipped_rows,
             "skipped_too_long": self.skipped_too_long,
         }
+
+
+def screen(
+    prompts: list[Prompt], length: Callable[[Prompt], int], limit: int, split: str
+) -> list[Prompt]:
+    """``prompts`` (of the ``split`` split) of at most ``limit`` tokens (``length``: a
+    prompt's token count as formatted); when some are longer, a warning says how many of how
+    many, the longest, and the key to raise. The prompts come back as they were (a VL prompt's
+    images are processed again when it is drawn, not held for every prompt)."""
+    lengths = [length(p) for p in prompts]
+    kept = [p for p, n in zip(prompts, lengths, strict=True) if n <= limit]
+    if len(kept) < len(prompts):
+        log.warning(
+            "%d of %d %s prompts are longer than task.max_prompt_tokens=%d and left out (the "
+            "longest has %d tokens); raise task.max_prompt_tokens to keep them (null: what the "
+            "model's context leaves after the response bound)",
+            len(prompts) - len(kept),
+            len(prompts),
+            split,
+            limit,
+            max(lengths),
+        )
+    return kept
 
 
 def _answer_width(op: str, digits: int) -> int:

@@ -123,6 +123,29 @@ def end_token_ids(path: str, tokenizer) -> set[int]:
     return ids
 
 
+# where a config.json states the longest sequence the model was built for
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def context_length(path: str) -> int | None:
+    """The longest sequence (prompt + response) the model at ``path`` (a directory, or a hub
+    id) was built for: its text config's ``max_position_embeddings`` (a VL model's is under
+    ``text_config``) or an equivalent key; None when its config states none."""
+    local = os.path.expanduser(path)
+    if os.path.isdir(local):
+        with open(os.path.join(local, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path).to_dict()
+    for part in (config.get("text_config") or {}, config):
+        for key in _CONTEXT_KEYS:
+            if isinstance(part.get(key), int) and part[key] > 0:
+                return part[key]
+    return None
+
+
 def load_model(path: str, dtype: str = "float32"):
     """The causal LM at ``path`` in ``dtype``, in eval mode (a vision-language model, e.g.
     Qwen2-VL, as its image-text-to-text class)."""

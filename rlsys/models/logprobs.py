@@ -3,8 +3,10 @@
 Only the positions that are trained on need the lm-head: a batch is left-padded prompts then
 responses, so those are the columns from the first response position on (``first_scored``).
 The lm-head runs there only (``logits_to_keep``), and the log-probability of the sampled token
-is ``logit - logsumexp(logits)``, chunked over rows, instead of a full-vocabulary log-softmax:
-no (B, T, V) log-probability tensor is materialised, and none is kept for the backward pass.
+is ``logit - logsumexp(logits)`` instead of a full-vocabulary log-softmax. The head runs
+``slice_tokens`` positions at a time (``learner.logits_chunk_tokens``;
+``rlsys/models/lm_head.py``): each slice's logits are reduced to these numbers and dropped,
+so no (B, T, V) logits or log-probabilities are materialised, nor kept for the backward pass.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from rlsys.data.collate import position_ids
+from rlsys.models.lm_head import SliceFn, sliced_forward
 from rlsys.models.vision import SUPPRESS_KEY
 
 SUPPRESSED_LOGIT = -1e9  # a VL model's placeholder tokens: probability 0 at any temperature
-CHUNK_BYTES = 64 << 20  # fp32 logits per chunk of rows in the log-sum-exp and entropy
 
 
 def first_scored(loss_mask: torch.Tensor) -> int:
@@ -26,38 +28,48 @@ def first_scored(loss_mask: torch.Tensor) -> int:
     return int(columns[0]) if len(columns) else 0
 
 
-def _logits(
+def _head_outputs(
     model,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    first: int = 0,
-    vision: dict | None = None,
+    first: int,
+    vision: dict | None,
+    fn: SliceFn,
+    slice_tokens: int | None,
 ) -> torch.Tensor:
-    """Next-token logits at positions ``first .. T-2``: (B, T-1-first, V). ``vision``: a VL
-    model's image inputs (``rlsys.models.vision.vision_inputs``); the model then derives its
-    own (multimodal rotary) positions from the ids, images and mask, as it does generating."""
+    """``fn`` of the next-token logits at positions ``first .. T-2``: (B, T-1-first, k).
+    ``fn`` gets each slice's logits in the model's dtype with a VL model's placeholder tokens
+    suppressed. ``vision``: a VL model's image inputs (``rlsys.models.vision.vision_inputs``);
+    the model then derives its own (multimodal rotary) positions from the ids, images and
+    mask, as it does generating."""
     vision = dict(vision or {})
     suppress = vision.pop(SUPPRESS_KEY, None)
+    if suppress is not None and len(suppress):  # as the engine samples: see vision_token_ids
+        fn = _suppressing(fn, suppress)
     positions = None if vision else position_ids(attention_mask)
-    logits = model(
+    out = sliced_forward(
+        model,
+        fn,
+        slice_tokens,
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=positions,
         use_cache=False,
         logits_to_keep=input_ids.shape[1] - first,
         **vision,
-    ).logits[:, :-1]
-    if suppress is not None and len(suppress):  # as the engine samples: see vision_token_ids
-        # a finite floor, not -inf: exp() of it is exactly 0 as for -inf, and the entropy's
-        # p * logits stays 0 without masking every text model's logits for infinities
-        logits = logits.index_fill(-1, suppress, SUPPRESSED_LOGIT)
-    return logits
+    )
+    return out[:, :-1]  # the last position predicts past the sequence
 
 
-def _row_chunks(logits: torch.Tensor) -> int:
-    """Rows per chunk: as many as fit ``CHUNK_BYTES``, at least one."""
-    per_row = logits[0].numel() * logits.element_size() if len(logits) else 0
-    return max(1, CHUNK_BYTES // max(per_row, 1))
+def _suppressing(fn: SliceFn, suppress: torch.Tensor) -> SliceFn:
+    """``fn`` of logits whose ``suppress`` tokens (a VL model's placeholders) are floored: a
+    finite floor, not -inf: exp() of it is exactly 0 as for -inf, and the entropy's
+    p * logits stays 0 without masking every text model's logits for infinities."""
+
+    def suppressed(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        return fn(logits.index_fill(-1, suppress, SUPPRESSED_LOGIT), rows)
+
+    return suppressed
 
 
 def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -74,6 +86,7 @@ def token_logprobs(
     entropy: bool = False,
     entropy_grad: bool = False,
     vision: dict | None = None,
+    slice_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log pi(x_{t+1} | x_{<=t}) at each position, (B, T-1), and the policy entropy there
     (``entropy``; else None).
@@ -81,31 +94,42 @@ def token_logprobs(
     Logits are divided by the sampling temperature so that these match the distribution the
     engine sampled from (the behaviour policy). Positions before ``first`` (see
     ``first_scored``) are not computed and hold 0. The entropy is a metric without a graph
-    unless ``entropy_grad`` (an entropy bonus in the loss), which keeps a (B, T, V)
-    probability tensor for the backward pass.
+    unless ``entropy_grad`` (an entropy bonus in the loss). ``slice_tokens``: positions whose
+    logits exist at once (None: all of them).
     """
-    logits = _logits(model, input_ids, attention_mask, first, vision).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = input_ids[:, first + 1 :].unsqueeze(-1)
-    chosen = logits.gather(-1, targets).squeeze(-1)
-    step = _row_chunks(logits)
-    lse = torch.cat([torch.logsumexp(c, dim=-1) for c in logits.split(step)])
-    logprobs = F.pad(chosen - lse, (first, 0))
+    # the target of every computed position; the last one's (past the sequence) is dropped
+    targets = F.pad(input_ids[:, first + 1 :], (0, 1)).reshape(-1, 1)
+    with_grad = entropy_grad and torch.is_grad_enabled()
+
+    def per_slice(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        logits = logits.float()  # bf16 logits are cast up before the log-sum-exp
+        if temperature != 1.0:
+            logits = logits / temperature
+        lse = torch.logsumexp(logits, dim=-1)
+        out = [logits.gather(-1, targets[rows]).squeeze(-1) - lse]
+        if entropy:
+            with torch.set_grad_enabled(with_grad):
+                out.append(_entropy(logits, lse))
+        return torch.stack(out, -1)
+
+    stats = _head_outputs(model, input_ids, attention_mask, first, vision, per_slice, slice_tokens)
+    logprobs = F.pad(stats[..., 0], (first, 0))
     if not entropy:
         return logprobs, None
-    if entropy_grad and torch.is_grad_enabled():
-        ent = _entropy(logits, lse)
-    else:
-        with torch.no_grad():
-            ent = torch.cat(
-                [_entropy(c, s) for c, s in zip(logits.split(step), lse.split(step), strict=True)]
-            )
+    ent = stats[..., 1] if with_grad else stats[..., 1].detach()
     return logprobs, F.pad(ent, (first, 0))
 
 
 def greedy_next_tokens(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, vision: dict | None = None
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision: dict | None = None,
+    slice_tokens: int | None = None,
 ) -> torch.Tensor:
     """The argmax next token after every prefix, (B, T-1): what greedy decoding would pick."""
-    return _logits(model, input_ids, attention_mask, 0, vision).argmax(-1)
+
+    def argmax(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        return logits.argmax(-1, keepdim=True)
+
+    return _head_outputs(model, input_ids, attention_mask, 0, vision, argmax, slice_tokens)[..., 0]

@@ -89,13 +89,15 @@ class RolloutCollector:
         generate: GenerateFn | None,
         tokenizer,
         scorer,
-        max_prompt_tokens: int,
+        max_prompt_tokens: int | None,
         prompt_format: PromptFormat | None = None,
         episodes: EpisodeRunner | AgentRunner | None = None,
     ) -> None:
         self.generate_fn = generate
         self.tokenizer = tokenizer
         self.scorer = scorer  # .score([(prompt, completion, metadata)]) -> [RewardOutcome]
+        # None: unresolved (task.max_prompt_tokens=null outside an rlsys command, which
+        # resolves it from the model, as in tests and benchmarks): no bound of its own
         self.max_prompt_tokens = max_prompt_tokens
         self.prompt_format = prompt_format or PromptFormat()
         self.prompt_format.check(tokenizer)
@@ -104,6 +106,7 @@ class RolloutCollector:
         self.images = getattr(tokenizer, "image_encoder", None)
         self.reward_errors = 0
         self.skipped_prompts = 0
+        self._warned_long = False
 
     @classmethod
     def for_task(
@@ -140,25 +143,49 @@ class RolloutCollector:
         return cls(generate, tokenizer, scorer, cfg.max_prompt_tokens, prompt_format, episodes)
 
     def encode(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[list[int]]]:
-        """Token ids of each formatted prompt; those over ``task.max_prompt_tokens`` are skipped.
+        """Token ids of each formatted prompt; those over ``task.max_prompt_tokens`` are skipped
+        and counted (``skipped_prompts``), the first time with a warning. A command screens
+        its task's prompts first (``TaskSplits.screen_prompts``, a warning per split), so
+        this drops only prompts that came another way.
 
         Special tokens come from the chat template only (``add_special_tokens=False``), so a
         BOS is never doubled.
         """
-        kept, ids = [], []
+        kept, ids, longest = [], [], 0
         for prompt in prompts:
-            text = prompt.text
-            if prompt.images:  # processed now: the pixels travel with the prompt from here on
-                prompt = self._with_pixels(prompt)
-                text = self.images.text(text, prompt.pixels)
-            text = self.prompt_format.render(text, self.tokenizer)
-            tokens = self.tokenizer.encode(text, add_special_tokens=False)
-            if len(tokens) > self.max_prompt_tokens:
-                self.skipped_prompts += 1
+            prompt, tokens = self._tokens(prompt)
+            if self.max_prompt_tokens is not None and len(tokens) > self.max_prompt_tokens:
+                longest = max(longest, len(tokens))
                 continue
             kept.append(prompt)
             ids.append(tokens)
+        dropped = len(prompts) - len(kept)
+        self.skipped_prompts += dropped
+        if dropped and not self._warned_long:
+            self._warned_long = True
+            log.warning(
+                "%d of %d prompts are longer than task.max_prompt_tokens=%d and not generated "
+                "for (the longest has %d tokens); raise task.max_prompt_tokens to keep them. "
+                "Later ones are only counted (summary.json's prompts_skipped_too_long)",
+                dropped,
+                len(prompts),
+                self.max_prompt_tokens,
+                longest,
+            )
         return kept, ids
+
+    def prompt_length(self, prompt: Prompt) -> int:
+        """The token count of ``prompt`` as ``encode`` formats it (images included)."""
+        return len(self._tokens(prompt)[1])
+
+    def _tokens(self, prompt: Prompt) -> tuple[Prompt, list[int]]:
+        """``prompt`` (with its images processed) and its formatted prompt's token ids."""
+        text = prompt.text
+        if prompt.images:  # processed now: the pixels travel with the prompt from here on
+            prompt = self._with_pixels(prompt)
+            text = self.images.text(text, prompt.pixels)
+        text = self.prompt_format.render(text, self.tokenizer)
+        return prompt, self.tokenizer.encode(text, add_special_tokens=False)
 
     def _with_pixels(self, prompt: Prompt) -> Prompt:
         """``prompt`` with its images processed (a ConfigError if the model takes none)."""

@@ -136,7 +136,7 @@ def test_bad_rows_and_long_prompts_are_skipped_and_counted_at_start(tmp_path, ti
         max_prompt_tokens=16,
     )
     collector = RolloutCollector.for_task(None, load_tokenizer(tiny_model_dir), cfg)
-    task = load_task(cfg, seed=0).screen_prompts(collector.encode)
+    task = load_task(cfg, seed=0).screen_prompts(collector.prompt_length, 16)
     assert task.summary() == {
         "train_prompts": len(task.train),
         "eval_prompts": len(task.eval),

@@ -1,4 +1,5 @@
-"""Response-only, chunked log-probabilities equal the full-vocabulary log-softmax they replace."""
+"""Response-only log-probabilities, whole or with the LM head in slices, equal the
+full-vocabulary log-softmax they replace."""
 
 from __future__ import annotations
 
@@ -31,9 +32,8 @@ def _reference(model, ids, attention, temperature):
     return chosen, -(logp.exp() * logp).sum(-1)
 
 
-@pytest.mark.parametrize("chunk_bytes", [lp.CHUNK_BYTES, 1])  # 1: one row per chunk
-def test_response_positions_match_the_full_log_softmax(model_and_batch, monkeypatch, chunk_bytes):
-    monkeypatch.setattr(lp, "CHUNK_BYTES", chunk_bytes)
+@pytest.mark.parametrize("slice_tokens", [None, 1, 5])  # None: the head on all at once
+def test_response_positions_match_the_full_log_softmax(model_and_batch, slice_tokens):
     model, batch = model_and_batch
     ids = torch.from_numpy(batch.input_ids)
     attention = torch.from_numpy(batch.attention_mask)
@@ -41,7 +41,9 @@ def test_response_positions_match_the_full_log_softmax(model_and_batch, monkeypa
     first = lp.first_scored(loss_mask)
     assert first == int(np.flatnonzero(batch.loss_mask.any(0))[0]) > 0
     want, want_entropy = _reference(model, ids, attention, 0.7)
-    got, entropy = lp.token_logprobs(model, ids, attention, 0.7, first, entropy=True)
+    got, entropy = lp.token_logprobs(
+        model, ids, attention, 0.7, first, entropy=True, slice_tokens=slice_tokens
+    )
     assert got.shape == entropy.shape == want.shape
     torch.testing.assert_close(got[:, first:], want[:, first:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy[:, first:], want_entropy[:, first:], atol=1e-5, rtol=1e-5)
@@ -49,7 +51,8 @@ def test_response_positions_match_the_full_log_softmax(model_and_batch, monkeypa
     assert not entropy.requires_grad  # a metric: no graph kept
 
 
-def test_gradients_match_the_full_log_softmax(model_and_batch):
+@pytest.mark.parametrize("slice_tokens", [None, 4])
+def test_gradients_match_the_full_log_softmax(model_and_batch, slice_tokens):
     """The loss's gradient through the selective log-probabilities (and an entropy bonus)
     equals the full computation's."""
     model, batch = model_and_batch
@@ -66,7 +69,14 @@ def test_gradients_match_the_full_log_softmax(model_and_batch):
     want, want_entropy = _reference(model, ids, attention, 1.0)
     expected = grads((want * weights).sum() + 0.1 * (want_entropy * mask).sum())
     got, entropy = lp.token_logprobs(
-        model, ids, attention, 1.0, lp.first_scored(mask), entropy=True, entropy_grad=True
+        model,
+        ids,
+        attention,
+        1.0,
+        lp.first_scored(mask),
+        entropy=True,
+        entropy_grad=True,
+        slice_tokens=slice_tokens,
     )
     actual = grads((got * weights).sum() + 0.1 * (entropy * mask).sum())
     assert actual.keys() == expected.keys() and len(actual) > 0
