@@ -37,7 +37,7 @@ SCALE_HELP = (
 REPORT_HELP = "plot a run's metrics.jsonl: RUN_DIR/report/index.html and a PNG per panel"
 PLAN_HELP = (
     "predict samples/s, idle fractions and staleness: plan calibrate RUN_DIR... | plan predict "
-    "--costs F [overrides] | plan --cluster nodes=N,gpus_per_node=G,gpu=H100 --model 7b "
+    "--costs F [overrides] | plan --cluster nodes=N,gpus_per_node=G,gpu=H100 --model qwen2.5-7b "
     "(ranked placements); see docs/planning.md"
 )
 DOCTOR_HELP = (

@@ -2,7 +2,7 @@
 
     rlsys plan calibrate RUN_DIR... [--out costs.json] [--host-cores N]
     rlsys plan predict --costs costs.json [--check RUN_DIR...] [--task-lengths SPEC] [key=value ...]
-    rlsys plan --cluster nodes=8,gpus_per_node=8,gpu=H100 --model 7b --task-lengths SPEC
+    rlsys plan --cluster nodes=8,gpus_per_node=8,gpu=H100 --model qwen2.5-7b --task-lengths SPEC
         [--costs costs.json] [--batch-size 512] [--n-samples 16] [--top 5]
 
 ``calibrate`` fits the cost model to finished runs and prints, for each run, the prediction

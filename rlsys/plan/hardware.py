@@ -1,12 +1,12 @@
-"""Published GPU and model figures, and the stage costs they imply for one engine or rank.
+"""Published GPU and model figures, the assumptions beside them, and clusters of those GPUs.
 
 NOTHING HERE WAS MEASURED BY RLSYS. ``GPUS`` holds vendor datasheet figures (dense BF16
 tensor-core throughput, memory, memory and interconnect bandwidth); ``MODELS`` holds the
-architectures their authors published; ``ASSUMED`` holds efficiencies and overheads that are
-typical of the literature, not of any run here. ``costs_for`` turns them into ``StageCosts``
-with the usual first-order formulas (2 x params FLOPs per token forward, 6 x params + a
-recomputed forward (8 x params) for training, decode bound by reading the weights). A user
-with real runs replaces them: ``rlsys plan --costs costs.json`` (from ``rlsys plan
+architectures their authors published (each model's ``config.json`` on the Hugging Face Hub,
+``hub_id``; parameter counts from the model cards); ``ASSUMED`` holds efficiencies and
+overheads that are typical of the literature, not of any run here. ``memory`` sizes a
+candidate's learner and engines from them, ``pricing`` turns them into ``StageCosts``. A user
+with real runs replaces the costs: ``rlsys plan --costs costs.json`` (from ``rlsys plan
 calibrate``) overrides every constant the calibration identified.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlsys.plan.costs import StageCosts
 from rlsys.plan.workload import WorkloadError
 
 GB = 1e9
@@ -42,65 +41,93 @@ GPUS = {
 
 @dataclass(frozen=True)
 class Model:
-    """A model's published architecture (what memory and FLOPs depend on)."""
+    """A decoder's published shape: what its memory, FLOPs and tensor parallelism depend on."""
 
     params: float
-    layers: int
-    kv_heads: int
-    head_dim: int
+    layers: int  # num_hidden_layers
+    hidden: int  # hidden_size
+    heads: int  # num_attention_heads
+    kv_heads: int  # num_key_value_heads
+    intermediate: int  # intermediate_size (the SwiGLU MLP's width)
+    vocab: int  # vocab_size
     hub_id: str | None = None
 
-    @property
-    def weight_bytes(self) -> float:
-        return 2.0 * self.params  # bf16
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise WorkloadError(
+                f"--model: hidden={self.hidden} must divide by heads={self.heads}, and heads "
+                f"by kv_heads={self.kv_heads}"
+            )
 
     @property
-    def kv_bytes_per_token(self) -> float:
-        return 2.0 * self.layers * self.kv_heads * self.head_dim * 2  # K and V, bf16
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> float:
+        """The KV cache of one token over every layer (K and V)."""
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def splits_over(self, tp: int) -> bool:
+        """Whether ``tp`` shards each hold whole attention heads and whole KV heads (vLLM
+        needs the first; the second keeps the KV cache split, not replicated, which is what
+        ``memory.engine_max_seqs`` assumes)."""
+        return self.heads % tp == 0 and self.kv_heads % tp == 0
 
 
+# Shapes from each hub id's config.json (Qwen2.5 0.5B and 1.5B tie their embeddings; the
+# others do not); parameter counts from the model cards.
 MODELS = {
-    "qwen2.5-1.5b": Model(1.54e9, 28, 2, 128, "Qwen/Qwen2.5-1.5B-Instruct"),
-    "qwen2.5-7b": Model(7.62e9, 28, 4, 128, "Qwen/Qwen2.5-7B-Instruct"),
-    "llama3-8b": Model(8.03e9, 32, 8, 128, "meta-llama/Meta-Llama-3-8B-Instruct"),
-    "qwen2.5-14b": Model(14.7e9, 48, 8, 128, "Qwen/Qwen2.5-14B-Instruct"),
-    "qwen2.5-32b": Model(32.5e9, 64, 8, 128, "Qwen/Qwen2.5-32B-Instruct"),
-    "llama3-70b": Model(70.6e9, 80, 8, 128, "meta-llama/Meta-Llama-3-70B-Instruct"),
+    "qwen2.5-0.5b": Model(0.494e9, 24, 896, 14, 2, 4864, 151936, "Qwen/Qwen2.5-0.5B-Instruct"),
+    "qwen2.5-1.5b": Model(1.54e9, 28, 1536, 12, 2, 8960, 151936, "Qwen/Qwen2.5-1.5B-Instruct"),
+    "qwen2.5-7b": Model(7.61e9, 28, 3584, 28, 4, 18944, 152064, "Qwen/Qwen2.5-7B-Instruct"),
+    "llama3-8b": Model(
+        8.03e9, 32, 4096, 32, 8, 14336, 128256, "meta-llama/Meta-Llama-3-8B-Instruct"
+    ),
+    "qwen2.5-14b": Model(14.7e9, 48, 5120, 40, 8, 13824, 152064, "Qwen/Qwen2.5-14B-Instruct"),
+    "qwen2.5-32b": Model(32.5e9, 64, 5120, 40, 8, 27648, 152064, "Qwen/Qwen2.5-32B-Instruct"),
+    "llama3-70b": Model(
+        70.6e9, 80, 8192, 64, 8, 28672, 128256, "meta-llama/Meta-Llama-3-70B-Instruct"
+    ),
 }
 
 # Assumptions (typical published efficiencies and overheads; none measured here).
 ASSUMED = {
-    "train_mfu": 0.40,  # learner FLOPs utilisation (FSDP, activation checkpointing)
+    "train_mfu": 0.40,  # learner FLOPs utilisation (FSDP)
     "prefill_mfu": 0.50,
     "decode_mfu": 0.30,  # per-token compute in a decode step
     "hbm_efficiency": 0.70,  # achieved fraction of HBM bandwidth when reading weights / KV
     "network_efficiency": 0.70,  # achieved fraction of link bandwidth (collectives)
-    "host_gb_per_s": 25.0,  # GPU <-> host (PCIe Gen5 x16, achieved) for engine sleep / wake
+    "host_gb_per_s": 25.0,  # GPU <-> host, one GPU (PCIe Gen5 x16, achieved)
+    # one pass over host memory by one process: a copy into Ray's object store, a bucket
+    # packed or serialised for vLLM's worker RPC (a memcpy runs at tens of GB/s at best)
+    "host_copy_gb_per_s": 10.0,
     "gen_call_s": 0.05,  # scheduling and Ray round trip of one generation request
     "step_overhead_s": 0.2,  # controller work per step (batching, advantages, metrics)
     "sync_call_s": 0.1,  # per weight update besides the bytes (bucketing, engine reload)
     "score_sample_s": 0.001,  # a rule-based verifier per sample, on the controller's thread
     "tp_step_latency_s": 20e-6,  # per layer and decode step, tensor-parallel all-reduces
-    "learner_bytes_per_param": 16.0,  # bf16 weights + grads, fp32 master + Adam (ZeRO paper)
-    "activation_frac": 0.25,  # of a learner GPU's memory kept for activations
-    "engine_memory_frac": 0.90,  # vLLM gpu_memory_utilization the search uses
+    # of a GPU's memory nothing may plan on: CUDA context, NCCL buffers, allocator
+    # fragmentation, FSDP's gathered layers
+    "memory_reserve_frac": 0.10,
+    "engine_memory_frac": 0.90,  # vLLM gpu_memory_utilization with the GPU to itself
 }
 
 
 def parse_model(spec: str) -> Model:
-    """A name of ``MODELS`` or ``params=7.6e9,layers=28,kv_heads=4,head_dim=128``."""
+    """A name of ``MODELS`` or
+    ``params=7.6e9,layers=28,hidden=3584,heads=28,kv_heads=4,intermediate=18944,vocab=152064``."""
     if spec.lower() in MODELS:
         return MODELS[spec.lower()]
+    keys = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab")
     try:
-        keys = dict(part.split("=", 1) for part in spec.split(","))
-        return Model(
-            float(keys["params"]), int(keys["layers"]), int(keys["kv_heads"]),
-            int(keys["head_dim"]),
-        )  # fmt: skip
+        given = dict(part.split("=", 1) for part in spec.split(","))
+        return Model(float(given["params"]), *(int(given[k]) for k in keys))
     except (ValueError, KeyError) as exc:
         raise WorkloadError(
-            f"--model {spec!r}: give one of {sorted(MODELS)} or "
-            "'params=P,layers=L,kv_heads=K,head_dim=D'"
+            f"--model {spec!r}: give one of {sorted(MODELS)} or 'params=P,"
+            + ",".join(f"{k}=N" for k in keys)
+            + "' (the model's config.json: num_hidden_layers, hidden_size, "
+            "num_attention_heads, num_key_value_heads, intermediate_size, vocab_size)"
         ) from exc
 
 
@@ -110,59 +137,38 @@ def parse_gpu(name: str) -> GPU:
     return GPUS[name.upper()]
 
 
-def costs_for(
-    gpu: GPU,
-    model: Model,
-    tp: int,
-    n_samples: int,
-    context_tokens: float,
-    learner_ranks: int,
-    gpus_per_node: int,
-    colocated: bool,
-) -> StageCosts:
-    """Stage costs of one engine over ``tp`` GPUs and learner ranks of one GPU each, from
-    published figures and ``ASSUMED`` (``context_tokens``: a sequence's mean KV length)."""
-    a = ASSUMED
-    flops, hbm = gpu.bf16_tflops * 1e12, gpu.hbm_gb_per_s * GB * a["hbm_efficiency"]
-    p = model.params
-    step = model.weight_bytes / tp / hbm
-    if tp > 1:
-        step += a["tp_step_latency_s"] * model.layers
-    kv_read = model.kv_bytes_per_token * context_tokens / tp / hbm
-    within_node = learner_ranks <= gpus_per_node
-    link = gpu.nvlink_gb_per_s if within_node else gpu.network_gb_per_s
-    # colocated: CUDA IPC within the device; else an NCCL broadcast across the network
-    sync_bw = (hbm if colocated else gpu.network_gb_per_s * GB * a["network_efficiency"]) * tp
-    host = a["host_gb_per_s"] * GB * tp
-    return StageCosts(
-        gen_call_s=a["gen_call_s"],
-        gen_prompt_token_s=2 * p / (tp * flops * a["prefill_mfu"]),
-        gen_step_s=step,
-        gen_token_s=2 * p / (tp * flops * a["decode_mfu"]) + kv_read,
-        logprob_token_s=2 * p / (flops * a["train_mfu"]),
-        train_token_s=8 * p / (flops * a["train_mfu"]),
-        grad_bytes=2 * p,
-        allreduce_bytes_per_s=link * GB * a["network_efficiency"],
-        sync_call_s=a["sync_call_s"],
-        sync_byte_s=1 / sync_bw,
-        score_group_s=a["score_sample_s"] * n_samples,
-        step_overhead_s=a["step_overhead_s"],
-        engine_sleep_s=model.weight_bytes / host if colocated else 0.0,
-        engine_wake_s=model.weight_bytes / host if colocated else 0.0,
-    )
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` nodes of ``gpus_per_node`` GPUs named in ``GPUS``."""
 
+    nodes: int
+    gpus_per_node: int
+    gpu_name: str
 
-def learner_fits(gpu: GPU, model: Model, ranks: int) -> bool:
-    """Whether FSDP full sharding over ``ranks`` GPUs holds the training state, leaving
-    ``activation_frac`` of each GPU for activations."""
-    per_rank = ASSUMED["learner_bytes_per_param"] * model.params / ranks
-    return per_rank <= (1 - ASSUMED["activation_frac"]) * gpu.memory_gb * GB
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
 
+    @property
+    def gpu(self) -> GPU:
+        return parse_gpu(self.gpu_name)
 
-def engine_max_seqs(gpu: GPU, model: Model, tp: int, context_tokens: float) -> int:
-    """Sequences one engine over ``tp`` GPUs keeps in its KV cache at once (0: the weights do
-    not fit)."""
-    free = ASSUMED["engine_memory_frac"] * gpu.memory_gb * GB * tp - model.weight_bytes
-    if free <= 0:
-        return 0
-    return int(free / (model.kv_bytes_per_token * context_tokens))
+    @property
+    def node_gpus(self) -> list[float]:
+        """GPUs per node (``placement.check_fits`` / ``placement_check.predict`` take it)."""
+        return [float(self.gpus_per_node)] * self.nodes
+
+    @classmethod
+    def parse(cls, spec: str) -> Cluster:
+        """``nodes=8,gpus_per_node=8,gpu=H100``."""
+        try:
+            keys = dict(part.split("=", 1) for part in spec.split(","))
+            cluster = cls(int(keys["nodes"]), int(keys["gpus_per_node"]), keys["gpu"])
+        except (ValueError, KeyError) as exc:
+            raise WorkloadError(
+                f"--cluster {spec!r}: give 'nodes=N,gpus_per_node=G,gpu=NAME'"
+            ) from exc
+        if cluster.nodes < 1 or cluster.gpus_per_node < 1:
+            raise WorkloadError(f"--cluster {spec!r}: nodes and gpus_per_node must be >= 1")
+        cluster.gpu  # noqa: B018 - names the known GPUs if this one is not
+        return cluster
