@@ -13,9 +13,14 @@ from pathlib import Path
 from rlsys.config.errors import ConfigError
 from rlsys.config.loader import to_yaml
 from rlsys.config.schema import TrainConfig
-from rlsys.data.tasks import TaskSplits, load_task
+from rlsys.data.tasks import TaskSplits, load_task, screen
 from rlsys.launch.local import connect_ray, preflight
-from rlsys.models.loading import check_model_path, load_tokenizer, resolve_model_path
+from rlsys.models.loading import (
+    check_model_path,
+    context_length,
+    load_tokenizer,
+    resolve_model_path,
+)
 from rlsys.placement import Roles
 from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.run.directory import check_output_dir, make_run_dir, write_summary
@@ -146,8 +151,9 @@ def _inputs(cfg: TrainConfig, rl: bool = True):
         _check_batch(cfg, task)  # before screening too: the tokenizer takes seconds to load
     base = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(base)
+    limit = resolve_prompt_limit(cfg, base, task)
     collector = RolloutCollector.for_task(None, tokenizer, cfg.task, cfg.reward)
-    task = task.screen_prompts(collector.encode)
+    task = task.screen_prompts(collector.prompt_length, limit)
     info = task.summary()
     log.info(
         "dataset: %d train / %d eval prompts; skipped %d malformed rows and %d prompts over "
@@ -156,11 +162,44 @@ def _inputs(cfg: TrainConfig, rl: bool = True):
         info["eval_prompts"],
         info["skipped_malformed_rows"],
         info["skipped_too_long"],
-        cfg.task.max_prompt_tokens,
+        limit,
     )
     if rl:
         _check_batch(cfg, task)
     return base, tokenizer, task
+
+
+def resolve_prompt_limit(cfg: TrainConfig, model_path: str, task: TaskSplits) -> int:
+    """``task.max_prompt_tokens``, set where it is null (once, before anything reads it) to
+    the context of the model at ``model_path`` (at most ``rollout.vllm.max_model_len`` with
+    vLLM) less the longest response the run may generate. ConfigError when that leaves no
+    room, or the model's config states no context."""
+    if cfg.task.max_prompt_tokens is not None:
+        return cfg.task.max_prompt_tokens
+    context = context_length(model_path)
+    if cfg.rollout.engine == "vllm" and cfg.rollout.vllm.max_model_len:
+        context = min(context or cfg.rollout.vllm.max_model_len, cfg.rollout.vllm.max_model_len)
+    response = max(task.max_new_tokens, cfg.eval.max_new_tokens or 0)
+    if cfg.task.env.name is not None:  # a prompt is followed by a whole trajectory
+        response = cfg.task.env.total_tokens(response)
+    if context is None or context <= response:
+        why = (
+            f"its context ({context} positions) leaves no room after {response} response tokens"
+            if context
+            else "its config.json states no max_position_embeddings"
+        )
+        raise ConfigError(
+            f"task.max_prompt_tokens=null takes the prompt bound from model {model_path}, but "
+            f"{why}; set task.max_prompt_tokens, or lower task.max_new_tokens"
+        )
+    cfg.task.max_prompt_tokens = context - response
+    log.info(
+        "task.max_prompt_tokens=null: %d (the model's %d positions less %d response tokens)",
+        context - response,
+        context,
+        response,
+    )
+    return context - response
 
 
 def _check_batch(cfg: TrainConfig, task: TaskSplits) -> None:
@@ -389,6 +428,7 @@ def rm(cfg: TrainConfig) -> Path:
     finally:
         tracker.close()
         learner.shutdown()
+        placement.release()
     log.info(
         "reward model: held-out pairwise accuracy %.3f -> %.3f; use it with "
         "reward.model.paths=[%s]",
@@ -443,6 +483,7 @@ def evaluate(cfg: TrainConfig) -> dict:
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path)
     task = load_task(cfg.task, cfg.run.seed)
+    limit = resolve_prompt_limit(cfg, path, task)
     engine = ENGINES.get(cfg.rollout.engine)(
         path, cfg.rollout.dtype or cfg.model.dtype, cfg.rollout
     )
@@ -454,7 +495,12 @@ def evaluate(cfg: TrainConfig) -> dict:
         cfg.task,
         cfg.reward,
     )
-    prompts = task.eval[: cfg.eval.num_prompts]
+    prompts = screen(
+        task.eval[: cfg.eval.num_prompts],
+        collector.prompt_length,
+        limit,
+        "eval",
+    )
     check_group_by(cfg.eval.group_by, prompts)
     result = collector.evaluate(
         prompts, cfg.eval.max_new_tokens or task.max_new_tokens, cfg.eval.group_by

@@ -1,18 +1,22 @@
 """Ray resource requests of every pool, derived from the placement config.
 
 Colocated pools time-share the same CPUs/GPUs (engines idle while learners train), so each
-actor asks Ray for its configured share divided by the number of pools sharing; each pool on
+actor asks Ray for its configured CPUs divided by the number of pools sharing; each pool on
 its own must still fit the cluster. Disaggregated pools ask for exactly what they are given,
-and all of them together must fit. No resource number is written anywhere else.
+and all of them together must fit. GPU actors are bound to whole GPUs through placement groups
+(``rlsys.gpu_slots``: colocated learner rank i shares its GPU with exactly one engine shard).
+No resource number is written anywhere else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
+from rlsys.gpu_slots import GpuBinding, NoRoom, SlotPool, SlotPoolSpec, SlotUser, assign_groups
 
 
 @dataclass(frozen=True)
@@ -20,19 +24,36 @@ class ActorResources:
     """What one actor asks Ray for, and the torch threads it then uses."""
 
     num_cpus: float
-    num_gpus: float
+    num_gpus: float  # with ``gpus``: the share of its first slot's GPU it asks for
     threads: int
     resources: dict[str, float] = field(default_factory=dict)  # custom (node-group) resources
+    gpus: GpuBinding | None = None  # the placement-group slots of a GPU pool's actors
 
-    def actor_options(self, **extra) -> dict:
-        """Keyword arguments of ``ActorClass.options`` for an actor with these resources."""
-        return {
+    def actor_options(self, index: int = 0, **extra) -> dict:
+        """Keyword arguments of ``ActorClass.options`` for actor ``index`` of its pool (a GPU
+        pool's actors each go to their own placement-group slots)."""
+        options = {
             "num_cpus": self.num_cpus,
             "num_gpus": self.num_gpus,
             "resources": dict(self.resources),
             "runtime_env": thread_env(self.threads),
             **extra,
         }
+        if self.gpus is not None:
+            options["scheduling_strategy"] = self.gpus.strategy(index)
+        return options
+
+    def visible_devices(self, index: int = 0) -> str | None:
+        """``CUDA_VISIBLE_DEVICES`` actor ``index`` sets for itself (an actor over several
+        GPUs: ``gpu_slots.bind_visible_devices``); None: Ray's setting stands."""
+        return None if self.gpus is None else self.gpus.visible_devices(index)
+
+    def shifted(self, actors: int) -> ActorResources:
+        """These resources for a pool that continues ``actors`` actors further on in the same
+        slots (a reward model's second group of ranks)."""
+        if self.gpus is None:
+            return self
+        return dataclasses.replace(self, gpus=self.gpus.shifted(actors))
 
 
 @dataclass(frozen=True)
@@ -73,6 +94,12 @@ class Placement:
     critic: ActorResources | None
     reward: ActorResources | None = None  # one reward worker (reward.num_workers > 0)
     reward_model: ActorResources | None = None  # one rank of a reward model (reward.model)
+    slot_pools: tuple[SlotPool, ...] = ()  # the GPU placement groups (created as used)
+
+    def release(self) -> None:
+        """Remove the GPU placement groups (once every actor in them is stopped)."""
+        for pool in self.slot_pools:
+            pool.remove()
 
 
 # glibc malloc settings for actors (a value already in the environment wins). By default glibc
@@ -203,16 +230,87 @@ def custom_resources_needed(cfg: TrainConfig, roles: Roles) -> dict[str, float]:
     return need
 
 
+def slot_specs(
+    cfg: TrainConfig, pools: list[PoolSpec], node_gpus: list[float] | None = None
+) -> dict[str, SlotPoolSpec]:
+    """The GPU slot pools of a run, by the pool names that use them: colocated pools that
+    time-share GPUs use one "colocated" slot pool; every other GPU pool has its own
+    (``node_gpus``: the cluster's GPUs per node, where known, so groups fill nodes)."""
+    smallest = int(min((g for g in node_gpus or [] if g > 0), default=0))
+    share = _share(cfg, pools)
+    gpu_pools = [p for p in pools if p.gpus > 0]
+    shared = [p for p in gpu_pools if cfg.placement.mode == "colocated" and p.name in TIME_SHARED]
+    specs: dict[str, SlotPoolSpec] = {}
+    if shared:
+        users = tuple(
+            SlotUser(p.name, p.count, int(p.gpus), 1.0 / len(shared), p.cpus / share, p.resources)
+            for p in shared
+        )
+        spec = SlotPoolSpec("colocated", max(int(p.gpus) for p in shared), users, smallest)
+        specs.update({p.name: spec for p in shared})
+    for p in gpu_pools:
+        if p.name not in specs:
+            user = SlotUser(p.name, p.count, int(p.gpus), 1.0, p.cpus, p.resources)
+            specs[p.name] = SlotPoolSpec(p.name, int(p.gpus), (user,), smallest)
+    return specs
+
+
+def connected_node_gpus() -> list[float] | None:
+    """GPUs per live node of the Ray this process is connected to (None: not connected)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    return [n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["Alive"]]
+
+
+def _check_gpus(
+    cfg: TrainConfig, pools: list[PoolSpec], total_gpus: float, node_gpus: list[float] | None
+) -> None:
+    """The GPU slots fit the cluster's GPUs, and each slot group fits one node."""
+    by_pool = slot_specs(cfg, pools, node_gpus)
+    specs = list({id(s): s for s in by_pool.values()}.values())
+    if not specs:
+        return
+    keys = {p.name: p for p in pools}
+
+    def describe(spec: SlotPoolSpec) -> str:
+        return " and ".join(
+            f"{keys[u.pool].count_key}={u.count} x {u.per_actor} GPU(s)" for u in spec.users
+        )
+
+    need = sum(s.size for s in specs)
+    if need > total_gpus + 1e-9:
+        parts = "; ".join(f"{s.name}: {s.size} ({describe(s)})" for s in specs)
+        raise ConfigError(
+            f"the GPU pools need {need} whole GPUs but Ray has {total_gpus:g} ({parts}); "
+            "shrink the pools, or use placement.mode=colocated so the learner and the engines "
+            "share GPUs"
+        )
+    if node_gpus:
+        try:
+            assign_groups(specs, node_gpus)
+        except NoRoom as exc:
+            raise ConfigError(
+                f"the GPU slots cannot be placed: {exc}; an engine's GPUs "
+                "(rollout.num_gpus_per_worker = rollout.vllm.tensor_parallel_size) must fit "
+                "one node: lower the tensor-parallel size or use nodes with more GPUs"
+            ) from exc
+
+
 def check_fits(
     cfg: TrainConfig,
     total_cpus: float,
     total_gpus: float,
     roles: Roles,
     custom: dict[str, float] | None = None,
+    node_gpus: list[float] | None = None,
 ) -> None:
     """Fail with the keys to change when the pools cannot fit the cluster (``custom``: the
-    cluster's custom resources; None skips that check)."""
+    cluster's custom resources; ``node_gpus``: the GPUs of each node, for the slot groups
+    that must each sit on one node; None skips either check)."""
     pools = pool_specs(cfg, roles)
+    _check_gpus(cfg, pools, total_gpus, node_gpus)
     if custom is not None:
         for name, need in custom_resources_needed(cfg, roles).items():
             if need > custom.get(name, 0.0) + 1e-9:
@@ -231,11 +329,6 @@ def check_fits(
                 f"{need:g} CPUs but Ray has {total_cpus:g}; lower {pool.count_key} or "
                 f"{pool.cpus_key} (fractions such as 0.5 are allowed)"
             )
-        if pool.count * pool.gpus > total_gpus + 1e-9:
-            raise ConfigError(
-                f"the {pool.name} pool needs {pool.count * pool.gpus:g} GPUs but Ray has "
-                f"{total_gpus:g}; lower {pool.count_key} or its GPUs per actor"
-            )
     share = _share(cfg, pools)
     if cfg.placement.mode == "colocated" and len(pools) > share:  # reward pools on top
         shared = sum(p.count * p.cpus / share for p in pools if p.name in TIME_SHARED)
@@ -249,12 +342,6 @@ def check_fits(
                 "learner.num_cpus_per_rank), or, on a local Ray, give it more logical CPUs "
                 "with cluster.num_cpus (the colocated pools take turns on the cores)"
             )
-        asked = sum(p.count * p.gpus / _split(p, share) for p in pools)
-        if asked > total_gpus + 1e-9:
-            raise ConfigError(
-                f"the colocated pools and the reward models ask Ray for {asked:g} GPUs but it "
-                f"has {total_gpus:g}; lower reward.model.num_gpus or the pools' GPUs"
-            )
     if cfg.placement.mode == "disaggregated":
         need = sum(p.count * p.cpus for p in pools)
         if need > total_cpus + 1e-9:
@@ -262,25 +349,32 @@ def check_fits(
                 f"placement.mode=disaggregated: the pools need {need:g} CPUs together but Ray "
                 f"has {total_cpus:g}; use placement=colocated or shrink the pools"
             )
-        need_gpus = sum(p.count * p.gpus for p in pools)
-        if need_gpus > total_gpus + 1e-9:
-            raise ConfigError(
-                f"placement.mode=disaggregated: the pools need {need_gpus:g} GPUs together but "
-                f"Ray has {total_gpus:g}; use placement=colocated or shrink the pools"
-            )
 
 
-def plan_placement(cfg: TrainConfig, roles: Roles) -> Placement:
-    """Per-actor Ray requests for each pool (call ``check_fits`` first)."""
+def plan_placement(
+    cfg: TrainConfig, roles: Roles, node_gpus: list[float] | None = None
+) -> Placement:
+    """Per-actor Ray requests for each pool (call ``check_fits`` first). GPU pools are bound
+    to placement-group slots, created when their first actor starts (``node_gpus``: the
+    cluster's GPUs per node; default: the connected Ray's, where it is up);
+    ``Placement.release`` removes them."""
     pools = {p.name: p for p in pool_specs(cfg, roles)}
     share = _share(cfg, list(pools.values()))
+    if node_gpus is None and any(p.gpus > 0 for p in pools.values()):
+        node_gpus = connected_node_gpus()
+    specs = slot_specs(cfg, list(pools.values()), node_gpus)
+    slot_pools = {id(spec): SlotPool(spec) for spec in specs.values()}
 
     def resources(pool: PoolSpec) -> ActorResources:
         # custom resources pin a pool to node groups: asked for as given, never shared
         split = _split(pool, share)
-        return ActorResources(
-            pool.cpus / split, pool.gpus / split, max(1, int(pool.cpus)), dict(pool.resources)
-        )
+        threads = max(1, int(pool.cpus))
+        spec = specs.get(pool.name)
+        if spec is None:
+            return ActorResources(pool.cpus / split, 0.0, threads, dict(pool.resources))
+        user = next(u for u in spec.users if u.pool == pool.name)
+        binding = GpuBinding(slot_pools[id(spec)], user.per_actor)
+        return ActorResources(user.cpus, user.fraction, threads, dict(pool.resources), binding)
 
     return Placement(
         learner=resources(pools["learner"]),
@@ -289,4 +383,5 @@ def plan_placement(cfg: TrainConfig, roles: Roles) -> Placement:
         critic=resources(pools["critic"]) if roles.critic else None,
         reward=resources(pools["reward"]) if "reward" in pools else None,
         reward_model=resources(pools["reward_model"]) if "reward_model" in pools else None,
+        slot_pools=tuple(slot_pools.values()),
     )

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import Roles, plan_placement
+from rlsys.placement import Placement, Roles, plan_placement
 from rlsys.rewards.service import RewardService
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync import TRANSPORTS
@@ -38,6 +38,7 @@ class Pools:
     respawn_critic: Callable[[int], LearnerGroup] | None = None
     respawn_reference: Callable[[], LearnerGroup] | None = None
     scorer: RewardService | None = None  # None: the collector scores in this process
+    placement: Placement | None = None  # its GPU placement groups go when the pools stop
 
     def sync_weights(self, version: int) -> SendResult:
         """Send the learner's weights as ``version`` and load them into every engine.
@@ -87,6 +88,17 @@ class Pools:
         self.reference.shutdown(timeout_s=5.0)
         self.reference = self.respawn_reference()
 
+    def release_memory(self) -> dict[str, float]:
+        """Learner, critic and reference ranks hand back memory they hold but do not use
+        (before colocated engines wake); ``memory/<group>_<figure>`` metrics."""
+        groups = {"learner": self.learner, "critic": self.critic, "reference": self.reference}
+        return {
+            f"memory/{name}_{key.removesuffix('_bytes')}_bytes": value
+            for name, group in groups.items()
+            if group is not None
+            for key, value in group.release_memory().items()
+        }
+
     def node_ids(self) -> dict[str, list[str]]:
         """The Ray node each actor runs on, per pool (summary.json's ``nodes``)."""
         nodes = {"rollout": self.rollout.node_ids(), "learner": self.learner.node_ids()}
@@ -115,6 +127,8 @@ class Pools:
             stops.append(self.critic.shutdown)
         if self.reference is not None:
             stops.append(self.reference.shutdown)
+        if self.placement is not None:
+            stops.append(self.placement.release)  # after the actors in its slots
         errors = []
         for stop in stops:
             try:
@@ -125,14 +139,25 @@ class Pools:
             raise errors[0]
 
 
-def _start_at_once(starters: dict[str, Callable[[], Any]], stop: Callable[[Any], None]):
+def _start_at_once(
+    starters: dict[str, Callable[[], Any]],
+    stop: Callable[[Any], None],
+    after: tuple[str, ...] = (),
+):
     """Run every starter at once and return their results by name. Each starter creates its
     actors and waits until they are up, so the pools' processes start, import and load their
-    models in parallel instead of one pool after another. If any starter fails, whatever did
-    start is stopped (``stop(result)``) and the first failure is raised."""
+    models in parallel instead of one pool after another; the starters named in ``after``
+    run once the others are up. If any starter fails, whatever did start is stopped
+    (``stop(result)``) and the first failure is raised."""
+    waves = [{n: f for n, f in starters.items() if n not in after}]
+    waves.append({n: f for n, f in starters.items() if n in after})
+    futures: dict[str, Any] = {}
     with ThreadPoolExecutor(max_workers=len(starters), thread_name_prefix="start") as pool:
-        futures = {name: pool.submit(fn) for name, fn in starters.items()}
-        wait(futures.values())
+        for wave in waves:
+            futures.update({name: pool.submit(fn) for name, fn in wave.items()})
+            wait(futures.values())
+            if any(f.exception() is not None for f in futures.values()):
+                break
     failures = [f.exception() for f in futures.values() if f.exception() is not None]
     if failures:
         for future in futures.values():
@@ -141,6 +166,16 @@ def _start_at_once(starters: dict[str, Callable[[], Any]], stop: Callable[[Any],
                     stop(future.result())
         raise failures[0]
     return {name: future.result() for name, future in futures.items()}
+
+
+def engines_start_last(cfg: TrainConfig) -> bool:
+    """Whether engines start after the learner-side pools: on GPUs they share, so that an
+    engine that sizes its KV cache from free memory (vLLM) sees what the learners hold."""
+    return (
+        cfg.placement.mode == "colocated"
+        and cfg.rollout.num_gpus_per_worker > 0
+        and cfg.learner.num_gpus_per_rank > 0
+    )
 
 
 def _stop_started(started: Any) -> None:
@@ -218,7 +253,13 @@ def start_pools(
             cfg.task.chat_template,
             placement.reward_model,
         )
-    up = _start_at_once(starters, _stop_started)
+    try:
+        up = _start_at_once(
+            starters, _stop_started, ("rollout",) if engines_start_last(cfg) else ()
+        )
+    except BaseException:
+        placement.release()
+        raise
     pools = Pools(
         up["learner"],
         up["rollout"],
@@ -230,6 +271,7 @@ def start_pools(
         respawn_critic if roles.critic else None,
         respawn_reference if roles.reference else None,
         up.get("scorer"),
+        placement,
     )
     try:
         pools.connect_weight_sync()

@@ -57,6 +57,18 @@ def resident_bytes() -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def memory_in_use(device: str) -> int | None:
+    """Memory in use that a colocated hand-over moves: the whole GPU's used bytes for a CUDA
+    device (every process on it, as vLLM and the learners share it), this process's resident
+    bytes on a CPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+    return resident_bytes()
+
+
 def release_free_memory() -> None:
     """Hand the C heap's free pages back to the OS (glibc's ``malloc_trim``). Tensors below
     glibc's mmap threshold (which grows to 32 MiB as large blocks are freed) live on the heap,

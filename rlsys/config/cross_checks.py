@@ -9,6 +9,7 @@ from rlsys.backends import BACKENDS
 from rlsys.config.elastic import group_sizes
 from rlsys.config.env import AGENT_ENV
 from rlsys.config.errors import ConfigError
+from rlsys.engines import ENGINES
 from rlsys.weight_sync import TRANSPORTS
 
 if TYPE_CHECKING:
@@ -20,6 +21,8 @@ def check_train_config(cfg: TrainConfig) -> None:
     _check_eval_sizes(cfg)
     _check_algorithm_fit(cfg)
     _check_devices(cfg)
+    _check_gpu_counts(cfg)
+    _check_gpu_transport(cfg)
     _check_batch_feeds_groups(cfg)
     _check_replay(cfg)
     _check_tree_rollouts(cfg)
@@ -118,6 +121,68 @@ def _check_devices(cfg: TrainConfig) -> None:
                 f"but model.dtype={cfg.model.dtype}; set model.dtype=float32 or "
                 f"{key}.mixed_precision=null"
             )
+
+
+def _check_gpu_counts(cfg: TrainConfig) -> None:
+    """GPU actors hold whole GPUs (placement groups bind each to its own, rlsys.gpu_slots):
+    a rank of a learner-like group drives one, an engine one per tensor-parallel shard."""
+    ranks = [
+        ("learner.num_gpus_per_rank", cfg.learner.num_gpus_per_rank),
+        ("critic.num_gpus_per_rank", cfg.critic.num_gpus_per_rank),
+        ("reference.num_gpus", cfg.reference.num_gpus),
+        ("reward.model.num_gpus", cfg.reward.model.num_gpus),
+    ]
+    for key, value in ranks:
+        _whole_gpus(key, value)
+        if value > 1:
+            raise ConfigError(
+                f"{key}={value:g}: a rank drives one GPU; set 1 and scale with the group's "
+                "world_size"
+            )
+    rollout = cfg.rollout
+    _whole_gpus("rollout.num_gpus_per_worker", rollout.num_gpus_per_worker)
+    if rollout.num_gpus_per_worker > 1 and not ENGINES.trait(rollout.engine, "tensor_parallel"):
+        raise ConfigError(
+            f"rollout.num_gpus_per_worker={rollout.num_gpus_per_worker:g} with rollout.engine="
+            f"{rollout.engine}: that engine runs on one GPU; set 1 and scale with "
+            "rollout.num_workers, or use rollout.engine=vllm with "
+            "rollout.vllm.tensor_parallel_size"
+        )
+
+
+def _whole_gpus(key: str, value: float) -> None:
+    if value != int(value):
+        raise ConfigError(
+            f"{key}={value:g}: GPU actors hold whole GPUs (each is bound to its own); to share "
+            "GPUs between the learner and the engines use placement.mode=colocated, and give "
+            "whole numbers"
+        )
+
+
+def _check_gpu_transport(cfg: TrainConfig) -> None:
+    """Weight transports against the GPU layout (rlsys.gpu_slots): colocated learner rank 0
+    shares its GPU with engine 0, and the CUDA IPC sender reaches only engines on its GPU."""
+    on_gpus = cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0
+    if not on_gpus:
+        return
+    transport = cfg.weight_sync.transport
+    colocated = cfg.placement.mode == "colocated"
+    if colocated and transport == "collective":
+        raise ConfigError(
+            "weight_sync.transport=collective with placement.mode=colocated on GPUs: learner "
+            "rank 0 and engine 0 share a GPU, and NCCL refuses two members of one group on one "
+            "device; use weight_sync.transport=cuda_ipc (one engine on one GPU), "
+            "weight_sync.transport=object_store, or placement.mode=disaggregated"
+        )
+    engine_gpus = cfg.rollout.num_workers * cfg.rollout.num_gpus_per_worker
+    if TRANSPORTS.trait(transport, "colocated_gpus") and engine_gpus > 1:
+        raise ConfigError(
+            f"weight_sync.transport={transport} hands learner rank 0's buckets to engines on "
+            f"its own GPU, but rollout.num_workers={cfg.rollout.num_workers} x "
+            f"rollout.num_gpus_per_worker={cfg.rollout.num_gpus_per_worker:g} engine GPUs reach "
+            "past it; use one engine on one GPU, weight_sync.transport=object_store, or "
+            "placement.mode=disaggregated with weight_sync.transport=collective"
+        )
 
 
 def _check_batch_feeds_groups(cfg: TrainConfig) -> None:

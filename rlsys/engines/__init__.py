@@ -21,7 +21,7 @@ def _hf(*args, **kwargs):
     return HFEngine(*args, **kwargs)
 
 
-@ENGINES.register("vllm")
+@ENGINES.register("vllm", tensor_parallel=True)  # one engine over several GPUs
 def _vllm(*args, **kwargs):
     from rlsys.engines.vllm import VLLMEngine
 

@@ -15,6 +15,9 @@ if TYPE_CHECKING:  # the config imports the engine registry: no torch here
     from rlsys.weight_sync.base import Bucket
 
 
+WAKE_ALL = ("weights", "kv_cache")  # what ``wake`` brings back by default
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Sampling with behaviour log-probabilities, in-place weight updates, and the calls a
@@ -47,8 +50,11 @@ class RolloutEngine(Protocol):
         (colocated placement); returns the bytes freed (0 where the engine cannot)."""
         ...
 
-    def wake(self) -> None:
-        """Undo ``sleep``: the weights of the version loaded last are back."""
+    def wake(self, tags: tuple[str, ...] = WAKE_ALL) -> None:
+        """Undo ``sleep`` for ``tags``: "weights" (the version loaded last is back, ready to
+        take a weight sync) and "kv_cache" (room to generate again). A colocated step wakes
+        the weights, syncs, then wakes the KV cache, so the sync never competes with it for
+        memory; engines with no separate KV cache ignore "kv_cache"."""
         ...
 
     def abort(self) -> None:

@@ -9,6 +9,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
 from rlsys.config.schema import RolloutConfig
+from rlsys.engines.base import WAKE_ALL
 from rlsys.engines.offload import ParkedWeights
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.models.vision import SUPPRESS_KEY, vision_inputs, vision_token_ids
@@ -257,9 +258,11 @@ class HFEngine:
         cache lives only within a ``generate`` call, so there is none to drop."""
         return self._parked.park()
 
-    def wake(self) -> None:
-        """Undo ``sleep``: the weights of the version loaded last come back."""
-        self._parked.restore()
+    def wake(self, tags: tuple[str, ...] = WAKE_ALL) -> None:
+        """Undo ``sleep``: the weights of the version loaded last come back ("weights" in
+        ``tags``; the KV cache is made per call, so "kv_cache" has nothing to bring)."""
+        if "weights" in tags:
+            self._parked.restore()
 
     def abort(self) -> None:
         """Stop the running ``generate`` (safe from another thread); it returns what each

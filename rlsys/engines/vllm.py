@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rlsys.config.schema import RolloutConfig
+from rlsys.engines.base import WAKE_ALL
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import Bucket, layout, pack
 
@@ -188,10 +189,11 @@ class VLLMEngine:
         self.llm.sleep(level=1)
         return torch.cuda.mem_get_info()[0] - free_before
 
-    def wake(self) -> None:
-        """Undo ``sleep``."""
+    def wake(self, tags: tuple[str, ...] = WAKE_ALL) -> None:
+        """Undo ``sleep`` for ``tags`` (vLLM's own: "weights", "kv_cache"), so a colocated
+        step can load the new weights before the KV cache takes its memory back."""
         if not self.on_cpu:
-            self.llm.wake_up()
+            self.llm.wake_up(tags=list(tags))
 
     def abort(self) -> None:
         """Stop in-flight requests (safe from another thread); ``generate`` returns their partial

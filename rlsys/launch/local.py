@@ -9,7 +9,13 @@ import sys
 
 from rlsys.config.schema import ClusterConfig, TrainConfig
 from rlsys.launch.base import LAUNCHERS, LaunchError, run_overrides, shell_join
-from rlsys.placement import Roles, check_fits, custom_resources_needed, wants_gpus
+from rlsys.placement import (
+    Roles,
+    check_fits,
+    connected_node_gpus,
+    custom_resources_needed,
+    wants_gpus,
+)
 
 
 def _local_gpus(cluster: ClusterConfig) -> int:
@@ -49,7 +55,7 @@ def preflight(cfg: TrainConfig, roles: Roles) -> None:
         return
     cpus = cfg.cluster.num_cpus or os.cpu_count() or 1
     gpus = _local_gpus(cfg.cluster) if wants_gpus(cfg, roles) else 0
-    check_fits(cfg, cpus, gpus, roles)
+    check_fits(cfg, cpus, gpus, roles, node_gpus=[gpus])
 
 
 def connect_ray(cfg: TrainConfig, roles: Roles) -> None:
@@ -81,7 +87,14 @@ def connect_ray(cfg: TrainConfig, roles: Roles) -> None:
         else:
             ray.init(address=cfg.cluster.address, **kwargs)
     resources = ray.cluster_resources()
-    check_fits(cfg, resources.get("CPU", 0), resources.get("GPU", 0), roles, resources)
+    check_fits(
+        cfg,
+        resources.get("CPU", 0),
+        resources.get("GPU", 0),
+        roles,
+        resources,
+        connected_node_gpus(),
+    )
 
 
 @LAUNCHERS.register("local")

@@ -119,10 +119,19 @@ def split(state: dict[str, torch.Tensor]) -> tuple[dict[str, tuple], dict[str, t
     return {m: (p[".lora_A."], p[".lora_B."]) for m, p in pairs.items()}, rest
 
 
-def merge(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """``base + scale * b @ a``, computed in fp32, in ``base``'s dtype."""
-    delta = b.float() @ a.float()
-    return (base.float() + scale * delta).to(base.dtype)
+def merge(
+    base: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: float,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """``base + scale * b @ a``, computed in fp32 on ``device`` (default: ``base``'s), in
+    ``base``'s dtype. The three may arrive on different devices (adapters through a GPU
+    transport, the base from host memory): each moves to ``device`` first."""
+    device = base.device if device is None else torch.device(device)
+    delta = b.to(device, torch.float32) @ a.to(device, torch.float32)
+    return (base.to(device, torch.float32) + scale * delta).to(base.dtype)
 
 
 class AdapterMerger:
@@ -133,8 +142,13 @@ class AdapterMerger:
     Only adapters travel; the base never changes, so each sync's weights are merged into the
     pristine base, never into the previous merge (no drift over thousands of syncs)."""
 
-    def __init__(self, model_path: str, dtype: str, scale: float) -> None:
+    def __init__(
+        self, model_path: str, dtype: str, scale: float, device: torch.device | str = "cpu"
+    ) -> None:
+        """``device``: the engine's, where merged weights are computed and returned (the
+        base stays in host memory; adapters may arrive on any device)."""
         self.model_path, self.scale = model_path, scale
+        self.device = torch.device(device)
         self.dtype = getattr(torch, dtype)
         self.base: dict[str, torch.Tensor] = {}
 
@@ -154,7 +168,8 @@ class AdapterMerger:
             if missing:
                 self.base.update(read_safetensors(self.model_path, missing, self.dtype))
             for module, (a, b) in pairs.items():
-                full[f"{module}.weight"] = merge(self.base[f"{module}.weight"], a, b, self.scale)
+                base = self.base[f"{module}.weight"]
+                full[f"{module}.weight"] = merge(base, a, b, self.scale, self.device)
                 del waiting[f"{module}.lora_A.weight"], waiting[f"{module}.lora_B.weight"]
             if full:
                 yield full

@@ -83,7 +83,7 @@ class RewardModelScorer:
         try:
             return LearnerGroup(
                 self.cfg.group(),
-                self.resources,
+                self.resources.shifted(index * self.cfg.world_size),  # its own GPU slots
                 self.cfg.paths[index],
                 self.cfg.dtype,
                 1.0,

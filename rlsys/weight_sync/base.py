@@ -130,3 +130,18 @@ def unpack_one(item: TensorSlice, buffer: torch.Tensor) -> torch.Tensor:
 def unpack(slices: list[TensorSlice], buffer: torch.Tensor) -> Bucket:
     """Every tensor of a packed bucket, as views into ``buffer``."""
     return {item.name: unpack_one(item, buffer) for item in slices}
+
+
+def digests(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> dict:
+    """{name: SHA-256 of the tensor's bytes} (cast to ``dtype`` first where given): two
+    sides of a weight sync compare these to prove the copy bit for bit."""
+    import hashlib
+
+    out = {}
+    for name, tensor in named:
+        t = tensor.detach()
+        if dtype is not None:
+            t = t.to(dtype)
+        raw = t.cpu().contiguous().reshape(-1).view(torch.uint8)
+        out[name] = hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+    return out

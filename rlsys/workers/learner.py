@@ -42,6 +42,13 @@ class LearnerWorker:
         """The Ray node this rank runs on."""
         return ray.get_runtime_context().get_node_id()
 
+    def devices(self) -> dict:
+        """The GPUs Ray gave this rank and the device it trains on
+        (``gpu_slots.device_report``)."""
+        from rlsys.gpu_slots import device_report
+
+        return device_report(self.device_type)
+
     def pid(self) -> int:
         """The rank's process id (benchmarks read its peak memory)."""
         import os
@@ -109,6 +116,37 @@ class LearnerWorker:
     def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
         self.backend.set_lr(lr, decay_steps)
 
+    def release_memory(self) -> dict[str, float]:
+        """Hand memory this rank holds but does not use back, before colocated engines wake
+        into it: the CUDA caching allocator's free blocks (a later step could otherwise grow
+        into what a sleeping engine freed), or the C heap's free pages on a CPU. Returns what
+        the rank holds after it and what it released; on a GPU also its peak since the last
+        call."""
+        import gc
+
+        import torch
+
+        from rlsys.runtime import release_free_memory, resident_bytes
+
+        gc.collect()
+        if self.device_type == "cuda":
+            before = torch.cuda.memory_reserved()
+            torch.cuda.empty_cache()
+            out = {
+                "allocated_bytes": float(torch.cuda.memory_allocated()),
+                "peak_bytes": float(torch.cuda.max_memory_allocated()),
+                "reserved_bytes": float(torch.cuda.memory_reserved()),
+                "released_bytes": float(before - torch.cuda.memory_reserved()),
+            }
+            torch.cuda.reset_peak_memory_stats()
+            return out
+        before = resident_bytes()
+        release_free_memory()
+        after = resident_bytes()
+        if before is None or after is None:
+            return {}
+        return {"resident_bytes": float(after), "released_bytes": float(before - after)}
+
     def sync_address(self) -> SyncAddress:
         """Where this rank (rank 0) hosts the weight-sync group."""
         from rlsys.weight_sync.group import free_address
@@ -133,6 +171,21 @@ class LearnerWorker:
         for _ in buckets:  # take part in the gathers
             pass
         return None
+
+    def weights_digest(self, bucket_bytes: int, dtype: str) -> dict[str, str] | None:
+        """Rank 0: ``weight_sync.base.digests`` of the full weights a sync would send, cast
+        to ``dtype`` (the engines'); the other ranks take part in the gathers, return None."""
+        import torch
+
+        from rlsys.weight_sync.base import digests
+
+        named = (
+            item
+            for bucket in self.backend.iter_weight_buckets(bucket_bytes)
+            for item in bucket.items()
+        )
+        out = digests(named, getattr(torch, dtype))
+        return out if self.rank == 0 else None
 
     def save_hf(self, path: str) -> None:
         self.backend.save_hf(path)
@@ -181,7 +234,7 @@ class LearnerGroup:
         # collectives would deadlock otherwise).
         self._submit = threading.Lock()
         self.workers = [
-            LearnerWorker.options(**resources.actor_options()).remote(
+            LearnerWorker.options(**resources.actor_options(rank)).remote(
                 rank, cfg.world_size, resources.threads, resources.num_gpus
             )
             for rank in range(cfg.world_size)
@@ -288,14 +341,33 @@ class LearnerGroup:
         """The Ray node of every rank."""
         return ray.get([w.node_id.remote() for w in self.workers])
 
+    def devices(self) -> list[dict]:
+        """Every rank's GPUs and device (``LearnerWorker.devices``)."""
+        return ray.get([w.devices.remote() for w in self.workers])
+
     def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
         """Peak learning rate, and the optimizer steps a cosine schedule decays over."""
         ray.get(self._each("set_lr", lr, decay_steps))
+
+    def release_memory(self) -> dict[str, float]:
+        """Every rank's ``LearnerWorker.release_memory``, summed over ranks (peaks: the
+        largest rank's)."""
+        total: dict[str, float] = {}
+        for rank in get_all(self._each("release_memory")):
+            for key, value in rank.items():
+                merge = max if key == "peak_bytes" else (lambda a, b: a + b)
+                total[key] = merge(total[key], value) if key in total else value
+        return total
 
     def publish_weights(self, version: int, bucket_bytes: int) -> list[ray.ObjectRef]:
         """Start sending the current weights as ``version``; one ref per rank (rank 0's
         resolves to its ``SendResult``)."""
         return self._each("publish_weights", version, bucket_bytes)
+
+    def weights_digest(self, dtype: str, bucket_bytes: int = 64 << 20) -> dict[str, str]:
+        """Digests of the full weights a sync would send, cast to ``dtype``
+        (``LearnerWorker.weights_digest``)."""
+        return get_all(self._each("weights_digest", bucket_bytes, dtype))[0]
 
     def save_hf(self, path: str) -> None:
         """Write the policy (or reward model) as a Hugging Face directory."""

@@ -11,7 +11,7 @@ import numpy as np
 import ray
 
 from rlsys.config.schema import RolloutConfig
-from rlsys.engines.base import RolloutEngine
+from rlsys.engines.base import WAKE_ALL, RolloutEngine
 from rlsys.placement import ActorResources
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import SyncAddress, WeightTransport, WeightUpdate
@@ -38,12 +38,16 @@ class RolloutWorker:
         threads: int,
         num_gpus: float,
         lora_scale: float | None = None,
+        visible_devices: str | None = None,
     ) -> None:
         """An engine on ``model_path``; ``lora_scale``: the policy trains LoRA adapters (of
-        that alpha / rank) and weight syncs carry only them, merged here into the base."""
+        that alpha / rank) and weight syncs carry only them, merged here into the base;
+        ``visible_devices``: the GPUs of an engine over several (``ActorResources``)."""
         from rlsys.engines import ENGINES
+        from rlsys.gpu_slots import bind_visible_devices
         from rlsys.runtime import limit_threads, pick_device, quiet_libraries
 
+        bind_visible_devices(visible_devices)
         quiet_libraries()
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self.threads = self._on_engine_thread(limit_threads, threads)
@@ -57,7 +61,7 @@ class RolloutWorker:
         if lora_scale is not None:
             from rlsys.models.lora import AdapterMerger
 
-            self.merge_adapters = AdapterMerger(model_path, dtype, lora_scale)
+            self.merge_adapters = AdapterMerger(model_path, dtype, lora_scale, self.device)
 
     def _on_engine_thread(self, fn, *args):
         return self._engine_thread.submit(fn, *args).result()
@@ -91,6 +95,18 @@ class RolloutWorker:
             buckets = self.merge_adapters(buckets)
         return self._on_engine_thread(self.engine.update_weights, buckets, update.version)
 
+    def weights_digest(self) -> dict[str, str]:
+        """``weight_sync.base.digests`` of the engine's weights by name (engines that hold a
+        Hugging Face model in this process, as the HF engine does)."""
+        from rlsys.weight_sync.base import digests
+
+        model = getattr(self.engine, "model", None)
+        if model is None:
+            raise NotImplementedError(
+                f"{type(self.engine).__name__} keeps no model in the worker process to digest"
+            )
+        return self._on_engine_thread(lambda: digests(model.state_dict().items()))
+
     def abort(self) -> None:
         """Stop the generation in flight (it returns partial completions)."""
         self.engine.abort()
@@ -107,6 +123,13 @@ class RolloutWorker:
         """The Ray node this worker runs on."""
         return ray.get_runtime_context().get_node_id()
 
+    def devices(self) -> dict:
+        """The GPUs Ray gave this worker and the device its engine runs on
+        (``gpu_slots.device_report``)."""
+        from rlsys.gpu_slots import device_report
+
+        return device_report(self.device)
+
     def pid(self) -> int:
         """The worker's process id (tests kill it to exercise recovery)."""
         return os.getpid()
@@ -122,11 +145,19 @@ class RolloutWorker:
         rss_drop = None if before is None or after is None else before - after
         return {"freed_bytes": float(freed), "rss_drop_bytes": rss_drop}
 
-    def wake(self) -> int:
-        """Wake the engine; returns how many times this worker has woken."""
-        self._on_engine_thread(self.engine.wake)
-        self.wakes += 1
-        return self.wakes
+    def wake(self, tags: tuple[str, ...] = WAKE_ALL) -> dict[str, float]:
+        """Wake the engine for ``tags`` (``RolloutEngine.wake``); returns how many times its
+        weights have woken and the memory this wake took: device memory on a GPU, resident
+        memory on a CPU (None where neither can be read)."""
+        from rlsys.runtime import memory_in_use
+
+        before = memory_in_use(self.device)
+        self._on_engine_thread(self.engine.wake, tags)
+        after = memory_in_use(self.device)
+        if "weights" in tags:
+            self.wakes += 1
+        taken = None if before is None or after is None else float(after - before)
+        return {"wakes": self.wakes, "taken_bytes": taken}
 
     def close(self) -> None:
         if self.transport is not None:
@@ -148,14 +179,21 @@ class RolloutPool:
         self.cfg, self.resources = cfg, resources
         self.lora_scale = lora_scale
         self.model_path, self.dtype = model_path, cfg.dtype or dtype
-        self.workers = [self._spawn() for _ in range(cfg.num_workers)]
+        self.workers = [self._spawn(i) for i in range(cfg.num_workers)]
         ray.get([w.version.remote() for w in self.workers])  # wait until every engine is up
 
-    def _spawn(self) -> ray.actor.ActorHandle:
+    def _spawn(self, index: int) -> ray.actor.ActorHandle:
+        """Worker ``index`` (a GPU worker goes to that engine's GPU slots)."""
         res = self.resources
         # max_concurrency 2: abort() must reach a worker while generate() runs
-        return RolloutWorker.options(**res.actor_options(max_concurrency=2)).remote(
-            self.cfg, self.model_path, self.dtype, res.threads, res.num_gpus, self.lora_scale
+        return RolloutWorker.options(**res.actor_options(index, max_concurrency=2)).remote(
+            self.cfg,
+            self.model_path,
+            self.dtype,
+            res.threads,
+            res.num_gpus,
+            self.lora_scale,
+            res.visible_devices(index),
         )
 
     def replace(self, worker: int) -> None:
@@ -163,21 +201,21 @@ class RolloutPool:
         on the starting weights: load the current ones before it takes work."""
         with contextlib.suppress(Exception):
             ray.kill(self.workers[worker])
-        self.workers[worker] = self._spawn()
+        self.workers[worker] = self._spawn(worker)
         ray.get(self.workers[worker].version.remote())
 
     def grow(self, count: int, timeout_s: float) -> list[int]:
         """Start ``count`` more workers (on the starting weights: send them the current ones
         before they take work); returns their indices. If they are not all up within
         ``timeout_s`` (the cluster has no room), they are stopped and TimeoutError raised."""
-        new = [self._spawn() for _ in range(count)]
+        first = len(self.workers)
+        new = [self._spawn(first + i) for i in range(count)]
         try:
             ray.get([w.version.remote() for w in new], timeout=timeout_s)
         except BaseException:
             for w in new:
                 ray.kill(w)
             raise
-        first = len(self.workers)
         self.workers.extend(new)
         return list(range(first, len(self.workers)))
 
@@ -274,13 +312,17 @@ class RolloutPool:
         record of what it freed (``RolloutWorker.sleep``)."""
         return get_all([w.sleep.remote() for w in self.workers])
 
-    def wake(self) -> list[int]:
-        """Wake every engine; each worker's count of wakes so far."""
-        return get_all([w.wake.remote() for w in self.workers])
+    def wake(self, tags: tuple[str, ...] = WAKE_ALL) -> list[dict[str, float]]:
+        """Wake every engine for ``tags``; each worker's record (``RolloutWorker.wake``)."""
+        return get_all([w.wake.remote(tags) for w in self.workers])
 
     def node_ids(self) -> list[str]:
         """The Ray node of every worker."""
         return ray.get([w.node_id.remote() for w in self.workers])
+
+    def devices(self) -> list[dict]:
+        """Every worker's GPUs and device (``RolloutWorker.devices``)."""
+        return ray.get([w.devices.remote() for w in self.workers])
 
     def versions(self) -> list[int]:
         return ray.get([w.version.remote() for w in self.workers])

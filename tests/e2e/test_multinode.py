@@ -4,18 +4,15 @@ it: the job runs, its pools land on the nodes they are pinned to, and status/sto
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from loopback import AUTH, LoopbackCluster, Node
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -38,105 +35,12 @@ RUN = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-# Token authentication stays on (Ray's default for a new head); nodes joining it must be told
-# so, and find the token where the head left it (~/.ray/auth_token).
-AUTH = {**os.environ, "RAY_AUTH_MODE": "token"}
-
-
-def _ray(*args: str) -> None:
-    ray = Path(sys.executable).with_name("ray")
-    # the head's job supervisor waits this long after SIGTERM before SIGKILL (default 3 s):
-    # time for the run to checkpoint when it is stopped
-    env = {**AUTH, "RAY_JOB_STOP_WAIT_TIME_S": "120"}
-    result = subprocess.run([str(ray), *args], capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
-class LoopbackCluster:
-    """Three Ray nodes on this machine, each with its own temp dir (nodes sharing one would
-    unpack a job's working directory over each other)."""
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="rlsys-mn-", dir="/tmp"))  # short: socket paths
-        self.gcs = f"127.0.0.1:{_free_port()}"
-        self.dashboard = f"http://127.0.0.1:{_free_port()}"
-        self.nodes: dict[str, str] = {}
-
-    def start(self) -> None:
-        common = ["--num-cpus=1", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
-        _ray(
-            "start",
-            "--head",
-            f"--port={self.gcs.split(':')[1]}",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
-            f"--dashboard-agent-listen-port={_free_port()}",  # not the default: it may be taken
-            f"--temp-dir={self.root / 'head'}",
-            *common,
-        )
-        for group in ("learner_nodes", "rollout_nodes"):
-            _ray(
-                "start",
-                f"--address={self.gcs}",
-                f"--resources={json.dumps({group: 1})}",
-                f"--temp-dir={self.root / group}",
-                "--dashboard-agent-listen-port=0",
-                f"--metrics-export-port={_free_port()}",
-                *common,
-            )
-        self.nodes = self._wait_for_nodes(3)
-
-    def _wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> dict[str, str]:
-        """Custom resource -> node id, once ``count`` nodes are alive."""
-        probe = (
-            f"import json, ray; ray.init(address={self.gcs!r}, logging_level='ERROR'); "
-            "print(json.dumps([[n['NodeID'], n['Resources']] for n in ray.nodes() "
-            "if n['Alive']]))"
-        )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            out = subprocess.run(
-                [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=AUTH
-            )
-            nodes = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
-            if len(nodes) >= count or time.monotonic() > deadline:
-                break
-            time.sleep(2)
-        assert len(nodes) == count, out.stderr[-2000:]
-        groups = {}
-        for node_id, resources in nodes:
-            for name in ("learner_nodes", "rollout_nodes"):
-                if name in resources:
-                    groups[name] = node_id
-        return groups
-
-    def stop(self) -> None:
-        """Stop this cluster's processes and their children (agents rename themselves, so
-        only their parents carry the temp dir); ``ray stop`` would stop every Ray here."""
-        import psutil
-
-        procs = []
-        for proc in psutil.process_iter(["cmdline"]):
-            if str(self.root) in " ".join(proc.info["cmdline"] or []):
-                procs.append(proc)
-                with contextlib.suppress(psutil.Error):
-                    procs.extend(proc.children(recursive=True))
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(procs, timeout=10)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    started = LoopbackCluster()
+    started = LoopbackCluster(
+        Node("head"),
+        [Node(group, resources={group: 1}) for group in ("learner_nodes", "rollout_nodes")],
+    )
     try:
         started.start()
         yield started

@@ -37,7 +37,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,6 +60,7 @@ from rlsys.replay import ReplayStore
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector, check_group_by
 from rlsys.trainers.rl.group_structure import group_structure
+from rlsys.trainers.rl.handover import MemoryHandover
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.run_summary import run_summary
@@ -154,6 +154,7 @@ class Controller:
         self.pad_id = tokenizer.pad_token_id
         self.preempt = threading.Event()  # set (by a SIGTERM handler): checkpoint and stop
         self.state = RunState(*self._fresh_parts())
+        self.handover = MemoryHandover(pools, self.state, cfg.engines_sleep)
         self.scaler = RolloutScaler(
             cfg.rollout.elastic, pools, self.state, cfg.buffer.max_staleness
         )
@@ -275,12 +276,15 @@ class Controller:
         if kept and self.tracker.samples_due(step):
             self.tracker.log_samples(step, sample_rows(kept, self.cfg.tracking.sample_table_rows))
         moved = False
-        with self.state.weights_lock:
+        # colocated engines sleep through the update and wake in stages around the sync:
+        # the rollout loops stay held from the sleep to the last stage
+        held = self.handover.held()
+        with self.state.weights_lock, held:
             if kept:
                 batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
                 metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
                 metrics["perf/padding_frac"] = float(1.0 - batch.attention_mask.mean())
-                with self._engines_asleep(timer, metrics):
+                with self.handover.engines_asleep(timer, metrics):
                     if self._needs_old_logprobs(batch):
                         with timer("learner_logprobs"):
                             batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
@@ -301,29 +305,6 @@ class Controller:
             self.state.buffer.pause()
         self.state.buffer.step_done(self.state.version)
         return perf_metrics(metrics, timer.seconds, time.perf_counter() - started)
-
-    @contextmanager
-    def _engines_asleep(self, timer: StageTimer, metrics: dict[str, float]) -> Iterator[None]:
-        """Colocated (``placement.engine_sleep``): the engines sleep for the block, with the
-        rollout loops held, so the learners have the devices' memory; awake again (on the
-        weights they had) before the weight sync. Otherwise the block just runs."""
-        if not self.cfg.engines_sleep:
-            yield
-            return
-        with self.state.pipeline.gate.shut():
-            with timer("engine_sleep"):
-                slept = self.pools.rollout.sleep()
-            metrics["rollout/engines_slept"] = float(len(slept))
-            metrics["rollout/engine_freed_bytes"] = sum(r["freed_bytes"] for r in slept)
-            drops = [r["rss_drop_bytes"] for r in slept if r["rss_drop_bytes"] is not None]
-            if drops:
-                metrics["rollout/engine_rss_drop_bytes"] = float(sum(drops))
-            try:
-                yield
-            finally:
-                with timer("engine_wake"):
-                    woken = self.pools.rollout.wake()
-                metrics["rollout/engines_woken"] = float(len(woken))
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """Whether this update needs a forward pass of its own before training (else the
@@ -385,7 +366,7 @@ class Controller:
         """With the rollout loops held between requests: a policy that changed becomes the
         next version and goes to the engines; then the evaluation, if asked for."""
         metrics: dict[str, float] = {}
-        if not (moved or evaluate):
+        if not (moved or evaluate or self.handover.kv_cache_asleep):
             return metrics
         with self.state.pipeline.gate.shut() as waited_s:
             timer.seconds["gate_wait"] = waited_s
@@ -394,6 +375,7 @@ class Controller:
                 with timer("weight_sync"):
                     sent = self.pools.sync_weights(self.state.version)
                 metrics["perf/weight_sync_bytes"] = float(sent.num_bytes)
+            metrics.update(self.handover.wake_kv_cache(timer))
             if evaluate:
                 metrics.update(self._timed_evaluate())
         return metrics
