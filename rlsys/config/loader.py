@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from pathlib import Path
@@ -148,9 +149,25 @@ def compose_config(overrides: list[str], config_name: str = "config") -> DictCon
         raise ConfigError(_yaml_error(exc)) from exc
 
 
+def refuse_non_finite(value, key: str = "") -> None:
+    """NaN and infinities are refused for every number of the config, nested ones too (a
+    ``value <= 0`` check lets NaN through: ``learner.optim.lr=nan`` failed in the learner half
+    a minute after Ray started)."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            refuse_non_finite(item, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            refuse_non_finite(item, f"{key}[{index}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value} is not a finite number; give {key} a finite value")
+
+
 def to_typed(cfg: DictConfig) -> TrainConfig:
-    """Instantiate the dataclasses (running every ``__post_init__`` check)."""
+    """Instantiate the dataclasses (running every ``__post_init__`` check), after refusing
+    non-finite numbers."""
     try:
+        refuse_non_finite(OmegaConf.to_container(cfg, resolve=True))
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError(_explain(exc, [])) from exc

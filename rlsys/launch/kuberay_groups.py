@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from rlsys.config.errors import ConfigError
 from rlsys.config.kuberay import WorkerGroupConfig, quantity_bytes
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import ActorResources, Roles, check_fits, plan_placement, pool_specs
+from rlsys.placement import (
+    TIME_SHARED,
+    ActorResources,
+    Roles,
+    check_fits,
+    plan_placement,
+    pool_specs,
+)
 
 # Memory of a pod's processes when launcher.kuberay.<group>.memory is null: per CPU, plus per
 # GPU for the host copy of the weights a GPU engine or learner loads. /dev/shm comes on top.
@@ -72,13 +79,20 @@ def hosted_pools(cfg: TrainConfig) -> dict[str, list[HostedPool]]:
     }
 
 
-def _per_pod(pools: list[HostedPool], replicas: int) -> tuple[dict[str, int], float, float]:
+def _per_pod(
+    pools: list[HostedPool], replicas: int, colocated: bool
+) -> tuple[dict[str, int], float, float]:
     """Actors of each pool on one of ``replicas`` pods, and the CPUs and GPUs a pod needs: what
     its actors ask for, and its part of the largest pool's own need (colocated pools take
     turns on the same devices, so the group must hold each pool alone at full size)."""
     slots = {p.name: math.ceil(p.count / replicas) for p in pools}
     cpus = sum(slots[p.name] * p.actor.num_cpus for p in pools)
-    gpus = sum(slots[p.name] * p.actor.num_gpus for p in pools)
+    # GPU actors hold whole GPUs (rlsys.gpu_slots): the configured count per actor, not the
+    # share of its first GPU it asks Ray for; colocated pools take turns on theirs
+    whole = [slots[p.name] * p.gpus for p in pools if p.name in TIME_SHARED]
+    gpus = sum(slots[p.name] * p.gpus for p in pools if p.name not in TIME_SHARED)
+    if whole:
+        gpus += max(whole) if colocated else sum(whole)
     if len(pools) > 1:
         cpus = max(cpus, max(p.count * p.cpus for p in pools) / replicas)
         gpus = max(gpus, max(p.count * p.gpus for p in pools) / replicas)
@@ -123,7 +137,7 @@ def size_group(
     else:
         tries = range(1, most + 1)
     for replicas in tries:
-        slots, cpus, gpus = _per_pod(pools, replicas)
+        slots, cpus, gpus = _per_pod(pools, replicas, name == "workers")
         if (group.cpus is None or cpus <= group.cpus + _EPS) and (
             group.gpus is None or gpus <= group.gpus + _EPS
         ):
@@ -187,8 +201,9 @@ def worker_groups(cfg: TrainConfig) -> list[GroupShape]:
             custom[resource] = custom.get(resource, 0.0) + shape.replicas * amount
     cpus = sum(s.replicas * s.cpus for s in shapes)
     gpus = sum(s.replicas * s.gpus for s in shapes)
+    pods = [s.gpus for s in shapes for _ in range(s.replicas)]  # an engine's GPUs: one pod
     try:
-        check_fits(cfg, cpus, gpus, Roles.for_rl(cfg), custom)
+        check_fits(cfg, cpus, gpus, Roles.for_rl(cfg), custom, pods)
     except ConfigError as exc:
         keys = " / ".join(f"{s.key}.replicas/cpus/gpus" for s in shapes)
         raise ConfigError(f"the worker groups ({keys}) are too small for the run: {exc}") from exc

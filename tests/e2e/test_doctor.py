@@ -80,11 +80,11 @@ def test_gpu_half_runs_its_steps_when_the_probe_reports_a_gpu(tmp_path, monkeypa
     assert tests["details"]["passed"] == 0 and "no gpu-marked test ran" in tests["reason"]
     assert (tmp_path / "gpu_tests.xml").exists()
     train = checks["gpu_train"]
-    assert train["status"] == "failed" and "needs 1 GPUs but Ray has 0" in train["reason"]
+    assert train["status"] == "failed" and "need 1 whole GPUs but Ray has 0" in train["reason"]
     sync = checks["gpu_weight_sync"]
     assert sync["status"] == "failed" and "--device cuda: no CUDA device" in sync["reason"]
     md = (tmp_path / "doctor.md").read_text()
     for name in ("gpu_tests", "gpu_train", "gpu_weight_sync"):
         assert f"| {name} | gpu | failed |" in md and f"## {name}: failed" in md
-    assert "needs 1 GPUs but Ray has 0" in md and "no CUDA device is visible" in md
+    assert "need 1 whole GPUs but Ray has 0" in md and "no CUDA device is visible" in md
     assert "failed: gpu_tests, gpu_train, gpu_weight_sync" in capsys.readouterr().out

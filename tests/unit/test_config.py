@@ -150,6 +150,10 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("fault.max_nonfinite_steps=0", "fault.max_nonfinite_steps"),
         ("fault.max_rollout_restarts=-1", "fault.max_rollout_restarts"),
         ("resume=' '", "resume"),
+        # NaN passes `value <= 0` checks; every number of the config is refused non-finite
+        ("learner.optim.lr=nan", "learner.optim.lr=nan is not a finite number"),
+        ("rollout.temperature=inf", "rollout.temperature=inf is not a finite number"),
+        ("learner.optim.betas=[0.9,nan]", "learner.optim.betas[1]=nan"),
     ],
 )
 def test_bad_overrides_name_the_key(override, needle):

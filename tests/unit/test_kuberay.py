@@ -404,6 +404,22 @@ def test_user_sizes_that_cannot_fit_name_the_keys(base):
         worker_groups(few)
 
 
+def test_tensor_parallel_engines_get_pods_with_all_their_gpus(base):
+    """An engine over k GPUs holds k whole GPUs on one node (rlsys.gpu_slots): its pods are
+    sized by the GPUs per engine, not by the share of one GPU it asks Ray for, and pods too
+    small for one engine are refused naming the sizes."""
+    tp4 = {
+        **GPU_DISAGGREGATED,
+        "rollout.num_gpus_per_worker": 4.0,
+        "rollout.vllm.tensor_parallel_size": 4,
+    }
+    groups = {g.name: g for g in worker_groups(configured(base, tp4))}
+    assert (groups["rollout"].replicas, groups["rollout"].gpus) == (2, 4)
+    narrow = {**tp4, "launcher.kuberay.rollout.replicas": 4, "launcher.kuberay.rollout.gpus": 2}
+    with pytest.raises(ConfigError, match=r"rollout\.num_workers=2 x \(.* 4 GPUs\)"):
+        worker_groups(configured(base, narrow))
+
+
 def test_group_settings_the_placement_mode_ignores_are_an_error(base):
     cfg = configured(base, {"launcher.kuberay.rollout.gpus": 1})
     with pytest.raises(ConfigError, match=r"launcher\.kuberay\.rollout is set but placement"):

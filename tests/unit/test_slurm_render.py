@@ -35,7 +35,9 @@ GPU_GROUPS = [
     "learner.world_size=16",
     "learner.num_gpus_per_rank=1",
     "rollout.num_workers=8",
+    "rollout.engine=vllm",  # an engine over 2 GPUs is a tensor-parallel vLLM engine
     "rollout.num_gpus_per_worker=2",
+    "rollout.vllm.tensor_parallel_size=2",
 ]
 
 
