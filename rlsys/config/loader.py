@@ -135,11 +135,62 @@ def _open_dicts(overrides: list[str]) -> list[str]:
     return [f"++{o}" if o.split("=", 1)[0] in fields else o for o in overrides]
 
 
+# What a YAML file may expand to, in nodes, once its aliases are followed: far above any
+# preset (the largest is a few hundred) and far below a "billion laughs" alias bomb, which
+# expands to 10**9 nodes from a few lines and hung `rlsys train` for minutes
+MAX_YAML_NODES = 100_000
+_expansions: dict[tuple[str, float], int] = {}  # (path, mtime) -> nodes, once per process
+
+
+def yaml_nodes(text) -> int:
+    """How many nodes ``text`` (a string or an open file) holds with every alias expanded,
+    counted from the parser's events (nothing is built, so a bomb costs what its text costs;
+    counting stops past ``MAX_YAML_NODES``)."""
+    sizes: dict[str, int] = {}  # anchor -> its node's expanded size
+    stack: list[list] = [[None, 0]]  # per open collection: [anchor, size so far]
+    for event in yaml.parse(text):
+        if isinstance(event, yaml.AliasEvent):
+            stack[-1][1] += sizes.get(event.anchor, 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            stack[-1][1] += 1
+            if event.anchor:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            stack.append([event.anchor, 1])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, size = stack.pop()
+            if anchor:
+                sizes[anchor] = size
+            stack[-1][1] += size
+        if stack[0][1] > MAX_YAML_NODES:
+            break
+    return stack[0][1]
+
+
+def check_yaml_size(path: Path) -> None:
+    """Refuse a YAML file whose aliases expand past ``MAX_YAML_NODES`` nodes (checked once
+    per file and modification time)."""
+    key = (str(path), path.stat().st_mtime)
+    if key not in _expansions:
+        try:
+            with path.open(encoding="utf-8") as fh:
+                _expansions[key] = yaml_nodes(fh)
+        except (yaml.YAMLError, UnicodeDecodeError):
+            _expansions[key] = 0  # not YAML: Hydra says so where it reads the file
+    if _expansions[key] > MAX_YAML_NODES:
+        raise ConfigError(
+            f"{path} expands to more than {MAX_YAML_NODES:,} nodes once its YAML aliases "
+            "(*name) are followed: an alias bomb, not a config; remove the aliases or the file"
+        )
+
+
 def compose_config(overrides: list[str], config_name: str = "config") -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with overrides; raises ConfigError on bad input."""
     _register_schema()
     root = conf_dir()
     _check_overrides(list(overrides), root)
+    for path in sorted(root.rglob("*.yaml")):  # presets Hydra may read: no alias bombs
+        check_yaml_size(path)
     try:
         with initialize_config_dir(config_dir=str(root.resolve()), version_base="1.3"):
             return compose(config_name=config_name, overrides=_open_dicts(list(overrides)))
@@ -183,6 +234,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
 def load_run_config(path: str | Path) -> TrainConfig:
     """The config a run wrote (``<run_dir>/config.yaml``), validated again."""
     try:
+        check_yaml_size(Path(path))
         saved = OmegaConf.load(path)
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path} does not read as a run config ({exc})") from exc

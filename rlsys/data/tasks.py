@@ -280,11 +280,36 @@ def _plain(value):
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
+# A jsonl line longer than this is skipped as it streams past, never held whole: no prompt row
+# needs more (an image inlined as a data URL included), and a 10 MB line had cost seconds and
+# gigabytes before it was dropped as too long anyway
+MAX_LINE_BYTES = 8 << 20
+
+
+def _lines(fh, limit: int = MAX_LINE_BYTES):
+    """The lines of binary file ``fh``; a line over ``limit`` bytes comes as None, read past in
+    1 MiB pieces."""
+    while True:
+        raw = fh.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):  # the rest of the long line
+            raw = fh.readline(1 << 20)
+        yield None
+
+
 def _jsonl_rows(path: Path, key: str) -> list[dict]:
     rows: list[dict] = []
     bad: dict[str, list[int]] = {}  # reason -> line numbers
     with path.open("rb") as fh:
-        for number, raw in enumerate(fh, start=1):
+        for number, raw in enumerate(_lines(fh), start=1):
+            if raw is None:
+                bad.setdefault(f"over {MAX_LINE_BYTES >> 20} MiB", []).append(number)
+                rows.append({})  # counted as malformed by the caller
+                continue
             try:
                 line = raw.decode("utf-8")
                 if not line.strip():

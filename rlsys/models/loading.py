@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import ModelConfig
@@ -50,6 +51,81 @@ def check_model_path(path: str, key: str = "model.path") -> None:
         raise ConfigError(f"{key}={path!r}: config.json is unreadable ({exc}); {fix}") from exc
     if not isinstance(parsed, dict) or "model_type" not in parsed:
         raise ConfigError(f"{key}={path!r}: config.json has no model_type; {fix}")
+    check_weights(local, parsed, f"{key}={path!r}")
+
+
+# Embedding elements no real model comes near (the largest vocabularies, ~262k, times the widest
+# hidden sizes, ~16k, are ~4e9): an absurd vocab_size or hidden_size would otherwise be found
+# by an allocation failure in every actor half a minute after Ray started
+MAX_EMBEDDING_ELEMENTS = 2 * 10**10
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own bound on a header
+
+
+def check_weights(local: str, config: dict, where: str) -> None:
+    """A model directory's shape and weights checked before any actor loads them: the
+    config's vocabulary and width are sane, each ``.safetensors`` file's header parses and
+    every tensor lies within the file (a truncated download), and the embedding's rows match
+    ``vocab_size``. Reads headers only (a few KB), never tensor data."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    vocab, hidden = text.get("vocab_size"), text.get("hidden_size")
+    for name, value in (("vocab_size", vocab), ("hidden_size", hidden)):
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{where}: config.json's {name}={value!r} is not a positive integer")
+    if (
+        isinstance(vocab, int)
+        and isinstance(hidden, int)
+        and vocab * hidden > MAX_EMBEDDING_ELEMENTS
+    ):
+        raise ConfigError(
+            f"{where}: config.json's vocab_size={vocab} x hidden_size={hidden} is an embedding "
+            f"of {vocab * hidden:.3g} elements, beyond any real model; fix config.json"
+        )
+    for file in sorted(Path(local).glob("*.safetensors")):
+        header = _safetensors_header(file, where)
+        data_bytes = file.stat().st_size - 8 - header["__header_bytes__"]
+        for name, info in header.items():
+            if name.startswith("__"):
+                continue
+            try:
+                start, end = info["data_offsets"]
+                shape = list(info["shape"])
+            except (TypeError, KeyError, ValueError) as exc:
+                raise ConfigError(
+                    f"{where}: {file.name} has a malformed entry for {name!r} ({exc}); "
+                    "re-save or re-download the model"
+                ) from exc
+            if not 0 <= start <= end <= data_bytes:
+                raise ConfigError(
+                    f"{where}: {file.name} is truncated or damaged: {name!r} lies at bytes "
+                    f"{start}-{end} of {data_bytes}; re-download or re-save the model"
+                )
+            embedding = name.endswith(("embed_tokens.weight", "wte.weight"))
+            if embedding and isinstance(vocab, int) and shape and shape[0] != vocab:
+                raise ConfigError(
+                    f"{where}: {file.name}'s {name} has {shape[0]} rows but config.json's "
+                    f"vocab_size={vocab}; the weights and config.json are of different models"
+                )
+
+
+def _safetensors_header(file: Path, where: str) -> dict:
+    """The JSON header of a safetensors file (with its size under ``__header_bytes__``)."""
+    import struct
+
+    bad = f"{where}: {file.name} is not a readable safetensors file"
+    try:
+        with file.open("rb") as fh:
+            raw = fh.read(8)
+            (length,) = struct.unpack("<Q", raw) if len(raw) == 8 else (-1,)
+            fits = 0 < length <= min(MAX_HEADER_BYTES, file.stat().st_size - 8)
+            header = json.loads(fh.read(length)) if fits else None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{bad} ({exc}); re-download or re-save the model") from exc
+    if not fits:
+        raise ConfigError(f"{bad} (its header length {length} does not fit the file)")
+    if not isinstance(header, dict):
+        raise ConfigError(f"{bad} (its header is not a JSON object)")
+    header["__header_bytes__"] = length
+    return header
 
 
 def resolve_model_path(cfg: ModelConfig) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -99,6 +100,7 @@ class RolloutCollector:
         # None: unresolved (task.max_prompt_tokens=null outside an rlsys command, which
         # resolves it from the model, as in tests and benchmarks): no bound of its own
         self.max_prompt_tokens = max_prompt_tokens
+        self._longest: int | None = None  # characters of the longest token (_longest_token)
         self.prompt_format = prompt_format or PromptFormat()
         self.prompt_format.check(tokenizer)
         self.episodes = episodes
@@ -153,6 +155,9 @@ class RolloutCollector:
         """
         kept, ids, longest = [], [], 0
         for prompt in prompts:
+            if self._surely_over(prompt.text):
+                longest = max(longest, self.prompt_length(prompt))
+                continue
             prompt, tokens = self._tokens(prompt)
             if self.max_prompt_tokens is not None and len(tokens) > self.max_prompt_tokens:
                 longest = max(longest, len(tokens))
@@ -175,8 +180,28 @@ class RolloutCollector:
         return kept, ids
 
     def prompt_length(self, prompt: Prompt) -> int:
-        """The token count of ``prompt`` as ``encode`` formats it (images included)."""
+        """The token count of ``prompt`` as ``encode`` formats it (images included); for a
+        text too long to fit ``task.max_prompt_tokens`` whatever its tokens, a lower bound
+        that is over the limit (see ``_surely_over``)."""
+        if self._surely_over(prompt.text):
+            return math.ceil(len(prompt.text) / self._longest_token())
         return len(self._tokens(prompt)[1])
+
+    def _surely_over(self, text: str) -> bool:
+        """Whether ``text`` cannot fit ``task.max_prompt_tokens`` whatever it tokenizes to: no
+        token of the vocabulary spans more than ``_longest_token`` characters, so a longer
+        text has more tokens than the limit. Such prompts are skipped without tokenizing them
+        (a 10 MB prompt took 25 s and 3.8 GiB to tokenize, only to be skipped)."""
+        limit = self.max_prompt_tokens
+        return limit is not None and len(text) > limit * self._longest_token()
+
+    def _longest_token(self) -> int:
+        """Characters of the vocabulary's longest token (byte-level vocabularies spell each
+        byte as one character, so this bounds bytes too); read once."""
+        if self._longest is None:
+            vocab = self.tokenizer.get_vocab()
+            self._longest = max((len(token) for token in vocab), default=1) or 1
+        return self._longest
 
     def _tokens(self, prompt: Prompt) -> tuple[Prompt, list[int]]:
         """``prompt`` (with its images processed) and its formatted prompt's token ids."""

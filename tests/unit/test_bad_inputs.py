@@ -106,6 +106,34 @@ def test_model_paths_that_are_not_models(capsys, tmp_path):
     assert "config.json is unreadable" in _train(capsys, tmp_path, f"model.path={empty}")
 
 
+def test_model_weights_that_cannot_load_are_refused_before_ray(capsys, tmp_path, tiny_model_dir):
+    """Issue 47: a truncated model.safetensors, or a config.json whose vocab_size is absurd or
+    not the weights', passed the checks and failed in every actor half a minute after Ray
+    started; the safetensors headers and config.json are checked first (headers only)."""
+    import json
+    import shutil
+
+    def copy(name: str):
+        model = tmp_path / name
+        shutil.copytree(tiny_model_dir, model)
+        return model, json.loads((model / "config.json").read_text())
+
+    truncated, _ = copy("truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    err = _train(capsys, tmp_path, f"model.path={truncated}")
+    assert "model.safetensors is truncated or damaged" in err and "re-download" in err
+    garbage, _ = copy("garbage")
+    (garbage / "model.safetensors").write_bytes(b"\xff" * 64)
+    assert "is not a readable safetensors file" in _train(capsys, tmp_path, f"model.path={garbage}")
+    absurd, config = copy("absurd")
+    (absurd / "config.json").write_text(json.dumps({**config, "vocab_size": 10**12}))
+    assert "beyond any real model" in _train(capsys, tmp_path, f"model.path={absurd}")
+    other, config = copy("other")
+    (other / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    assert "of different models" in _train(capsys, tmp_path, f"model.path={other}")
+
+
 def test_an_output_directory_that_cannot_be_written(capsys, tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")

@@ -285,3 +285,30 @@ def test_actor_env_sets_threads_and_malloc_unless_the_user_did(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "3"
     assert env["MALLOC_TRIM_THRESHOLD_"] == MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
     assert env["MALLOC_TOP_PAD_"] == "0"  # the user's own setting wins
+
+
+def test_a_preset_that_is_a_yaml_alias_bomb_is_refused_at_once(tmp_path, monkeypatch):
+    """A "billion laughs" preset (nine lines, 10**9 nodes once its aliases are followed) hung
+    `rlsys train` for minutes; it is refused from the parser's events before Hydra builds it.
+    A run's saved config.yaml is read the same way."""
+    import shutil
+    import time
+
+    from rlsys.config.loader import load_run_config
+
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(8):
+        prev, name = chr(97 + i), chr(98 + i)
+        lines.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]")
+    bomb = "\n".join(lines) + "\n"
+    (conf / "task" / "bomb.yaml").write_text("# @package task\n" + bomb)
+    monkeypatch.setenv("RLSYS_CONF_DIR", str(conf))
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb\.yaml expands to more than 100,000 nodes"):
+        load_config(["task=bomb"])
+    (tmp_path / "config.yaml").write_text(bomb)
+    with pytest.raises(ConfigError, match="alias bomb"):
+        load_run_config(tmp_path / "config.yaml")
+    assert time.perf_counter() - start < 5
