@@ -39,7 +39,9 @@ PLACEMENT_WAIT_S = 30.0  # log what is pending if a placement group is not place
 @dataclass(frozen=True)
 class SlotUser:
     """One pool's actors in a slot pool: each holds ``per_actor`` consecutive slots and asks
-    Ray for ``fraction`` of its first slot's GPU and ``cpus`` CPUs (plus ``resources``)."""
+    Ray for ``fraction`` of its first slot's GPU and ``cpus`` CPUs (plus ``resources``).
+    ``most``: the most actors the pool can grow to mid-run (an elastic schedule, autoscaling),
+    whose CPUs the bundles hold room for where they would start."""
 
     pool: str
     count: int
@@ -47,23 +49,26 @@ class SlotUser:
     fraction: float
     cpus: float
     resources: dict[str, float] = field(default_factory=dict)
+    most: int = 0  # 0: count
 
-    def starts_at(self, slot: int, configured: int) -> bool:
-        """Whether one of this pool's actors has ``slot`` as its first slot: within the
-        configured slots, where its ``count`` actors start; beyond them (a pool grown
-        mid-run), wherever the pattern continues."""
+    def starts_at(self, slot: int, region: int) -> bool:
+        """Whether one of this pool's actors can have ``slot`` as its first slot: within the
+        configured ``region``, where its actors start at their largest size; beyond it (a
+        pool grown past every configured size), wherever the pattern continues."""
         if slot % self.per_actor:
             return False
-        return slot >= configured or slot // self.per_actor < self.count
+        return slot >= region or slot // self.per_actor < max(self.count, self.most)
 
 
 @dataclass(frozen=True)
 class SlotPoolSpec:
-    """A set of GPU slots and the pools whose actors take them, in placement groups: with
-    engines over ``tp`` > 1 GPUs, one group per ``tp`` slots, each on one node (STRICT_PACK);
-    otherwise one group of all the configured slots packed onto as few nodes as Ray can
-    (PACK, so ranks stay close), and a group per slot added beyond them (a pool grown
-    mid-run)."""
+    """A set of GPU slots and the pools whose actors take them, in placement groups.
+
+    The configured *region* holds the slots the configured pool sizes need, rounded up to
+    whole engines. With engines over ``tp`` > 1 GPUs it is cut into groups of ``width`` slots
+    (as many engines as one node holds), each on one node (STRICT_PACK); otherwise it is one
+    group packed onto as few nodes as Ray can (PACK, so ranks stay close). Slots beyond the
+    region (a pool grown mid-run) come in groups of one engine (``tp`` slots) each."""
 
     name: str  # "colocated", or the pool's own name
     tp: int  # GPUs of the widest actor: a tensor-parallel engine's
@@ -71,45 +76,54 @@ class SlotPoolSpec:
     node_gpus: int = 0  # GPUs of the smallest GPU node, where known: strict groups fill it
 
     @property
-    def width(self) -> int:
-        """Slots per strict group: as many engines' worth as one node holds (ranks that
-        share those engines' GPUs stay on one node), but no more than the pools need."""
-        engines_per_node = max(1, self.node_gpus // self.tp)
-        return self.tp * min(engines_per_node, math.ceil(self.size / self.tp))
-
-    @property
     def size(self) -> int:
         """Slots the configured pool sizes need."""
         return max(u.count * u.per_actor for u in self.users)
+
+    @property
+    def region(self) -> int:
+        """The configured slots, in whole engines (an engine never straddles its end)."""
+        return math.ceil(self.size / self.tp) * self.tp
 
     @property
     def strict(self) -> bool:
         """Whether each group must sit on one node (an engine's GPUs)."""
         return self.tp > 1
 
-    def group_of(self, slot: int) -> tuple[int, int]:
-        """(group, bundle index in it) of ``slot``."""
-        if self.strict:
-            return divmod(slot, self.width)
-        return (0, slot) if slot < self.size else (1 + slot - self.size, 0)
-
-    def group_slots(self, group: int) -> range:
-        """The slots of ``group``."""
-        if self.strict:
-            return range(group * self.width, (group + 1) * self.width)
-        return range(self.size) if group == 0 else range(self.size + group - 1, self.size + group)
+    @property
+    def width(self) -> int:
+        """Slots per configured group: strict, as many engines' worth as one node holds
+        (ranks that share those engines' GPUs stay on one node); else the whole region."""
+        if not self.strict:
+            return self.region
+        engines_per_node = max(1, self.node_gpus // self.tp)
+        return self.tp * min(engines_per_node, self.region // self.tp)
 
     @property
     def num_groups(self) -> int:
-        """Groups the configured slots need."""
-        return math.ceil(self.size / self.width) if self.strict else 1
+        """Groups of the configured region."""
+        return math.ceil(self.region / self.width)
+
+    def group_of(self, slot: int) -> tuple[int, int]:
+        """(group, bundle index in it) of ``slot``."""
+        if slot < self.region:
+            return divmod(slot, self.width)
+        extra, bundle = divmod(slot - self.region, self.tp)
+        return self.num_groups + extra, bundle
+
+    def group_slots(self, group: int) -> range:
+        """The slots of ``group`` (the region's last group may be narrower than ``width``)."""
+        if group < self.num_groups:
+            return range(group * self.width, min((group + 1) * self.width, self.region))
+        first = self.region + (group - self.num_groups) * self.tp
+        return range(first, first + self.tp)
 
     def bundle(self, slot: int) -> dict[str, float]:
-        """Resources of slot ``slot``'s bundle: one GPU, and what the actors that start there
-        ask for."""
+        """Resources of slot ``slot``'s bundle: one GPU, and what the actors that can start
+        there ask for."""
         out: dict[str, float] = {"GPU": 1.0}
         for user in self.users:
-            if user.starts_at(slot, self.size):
+            if user.starts_at(slot, self.region):
                 for name, amount in [("CPU", user.cpus), *user.resources.items()]:
                     out[name] = out.get(name, 0.0) + amount
         return {k: v for k, v in out.items() if v > 0}
@@ -122,9 +136,10 @@ class NoRoom(ValueError):
 def assign_groups(
     specs: list[SlotPoolSpec], node_gpus: list[float]
 ) -> dict[tuple[int, int], tuple[int, int]]:
-    """Where each slot can go: ``{(spec index, slot): (node, GPU index on it)}`` with a STRICT_PACK group's slots on one
-    node and the others placed one by one, first-fit over the nodes in order (largest groups
-    first), as a packing Ray could find. Raises ``NoRoom`` saying why none exists."""
+    """Where each slot of the configured regions can go, ``{(spec index, slot): (node, GPU
+    index on it)}``: a STRICT_PACK group's slots on one node, the others one by one, first-fit
+    over the nodes in order (largest groups first), as a packing Ray could find. Raises
+    ``NoRoom`` saying why none exists."""
     free = [int(g) for g in node_gpus]
     used = [0] * len(free)
     units = []  # (size, spec index, its slots)
@@ -155,13 +170,15 @@ def assign_groups(
 
 class SlotPool:
     """The placement groups of one ``SlotPoolSpec``, created as actors first need them and
-    removed by ``remove``."""
+    removed by ``remove``. Creating one never waits: an actor scheduled into a group that is
+    not placed yet waits in Ray (as any actor waits for room), so a pool grown past the
+    cluster's room times out where it waits for its actors."""
 
     def __init__(self, spec: SlotPoolSpec) -> None:
         self.spec = spec
         self._groups: dict[int, object] = {}  # group index -> PlacementGroup
         self._gpu_ids: dict[int, str] = {}  # slot -> its GPU's id, probed (strict groups)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the dicts; never held while waiting
 
     def _group(self, group: int):
         with self._lock:
@@ -170,31 +187,41 @@ class SlotPool:
             return self._groups[group]
 
     def _create(self, group: int):
-        import ray
         from ray.util.placement_group import placement_group
 
-        slots = self.spec.group_slots(group)
-        bundles = [self.spec.bundle(s) for s in slots]
-        pg = placement_group(
+        bundles = [self.spec.bundle(s) for s in self.spec.group_slots(group)]
+        return placement_group(
             bundles,
             strategy="STRICT_PACK" if self.spec.strict else "PACK",
             name=f"rlsys-{self.spec.name}-{group}-{os.getpid()}",
         )
-        ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_WAIT_S)
-        if not ready:
-            log.warning(
-                "GPU slots %s of %s (bundles like %s%s) not placed after %.0f s; waiting for "
-                "the cluster to offer them (autoscaling?); `ray status` shows what is free",
-                list(slots),
-                self.spec.name,
-                bundles[0],
-                ", all on one node" if self.spec.strict else "",
-                PLACEMENT_WAIT_S,
-            )
-            ray.get(pg.ready())
-        if self.spec.strict:
-            self._probe(pg, slots)
-        return pg
+
+    def groups(self) -> set[int]:
+        """The groups created so far."""
+        with self._lock:
+            return set(self._groups)
+
+    def strategy(self, slot: int):
+        """The scheduling strategy of an actor whose first slot is ``slot`` (creates its
+        group if needed; does not wait for it to be placed)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group, bundle = self.spec.group_of(slot)
+        return PlacementGroupSchedulingStrategy(
+            self._group(group), placement_group_bundle_index=bundle
+        )
+
+    def gpu_ids(self, slots: range, timeout_s: float | None = None, fresh: bool = False):
+        """The GPU ids (as ``CUDA_VISIBLE_DEVICES`` names them) of ``slots``, which lie in one
+        group, read off its bundles once it is placed (``timeout_s``: raise TimeoutError
+        past it; None waits, logging what is pending). ``fresh``: read again (a group Ray
+        placed anew after a node was lost)."""
+        group = self.spec.group_of(slots[0])[0]
+        pg = self._group(group)
+        if fresh or any(s not in self._gpu_ids for s in slots):
+            _wait_placed(pg, f"GPU slots {list(slots)} of {self.spec.name}", timeout_s)
+            self._probe(pg, self.spec.group_slots(group))
+        return [self._gpu_ids[s] for s in slots]
 
     def _probe(self, pg, slots: range) -> None:
         """Read each bundle's GPU id with a task that asks for a sliver of it."""
@@ -206,35 +233,49 @@ class SlotPool:
             probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, b)).remote()
             for b in range(len(slots))
         ]
-        for slot, ids in zip(slots, ray.get(refs), strict=True):
-            self._gpu_ids[slot] = ids[0]
+        ids = ray.get(refs)
+        with self._lock:
+            for slot, got in zip(slots, ids, strict=True):
+                self._gpu_ids[slot] = got[0]
 
-    def strategy(self, slot: int):
-        """The scheduling strategy of an actor whose first slot is ``slot``."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        group, bundle = self.spec.group_of(slot)
-        return PlacementGroupSchedulingStrategy(
-            self._group(group), placement_group_bundle_index=bundle
-        )
-
-    def gpu_ids(self, slots: range) -> list[str]:
-        """The GPU ids (as ``CUDA_VISIBLE_DEVICES`` names them) of ``slots``, which must lie
-        in one group on one node."""
-        self._group(self.spec.group_of(slots[0])[0])
-        return [self._gpu_ids[s] for s in slots]
-
-    def remove(self) -> None:
-        """Remove every placement group (the actors in them must be gone)."""
+    def remove(self, groups: set[int] | None = None) -> None:
+        """Remove the placement groups ``groups`` (default: all; the actors in them must be
+        gone)."""
         from ray.util.placement_group import remove_placement_group
 
         with self._lock:
-            groups, self._groups = list(self._groups.values()), {}
-        for pg in groups:
+            chosen = set(self._groups) if groups is None else groups & set(self._groups)
+            removed = [self._groups.pop(g) for g in chosen]
+            for g in chosen:
+                for slot in self.spec.group_slots(g):
+                    self._gpu_ids.pop(slot, None)
+        for pg in removed:
             try:
                 remove_placement_group(pg)
             except Exception as exc:  # noqa: BLE001 - Ray shut down already: nothing to free
                 log.debug("placement group not removed: %s", exc)
+
+
+def _wait_placed(pg, what: str, timeout_s: float | None) -> None:
+    """Wait until ``pg`` is placed: at most ``timeout_s`` (then TimeoutError), or for ever,
+    logging every ``PLACEMENT_WAIT_S`` what is pending."""
+    import ray
+
+    waited = 0.0
+    while True:
+        step = PLACEMENT_WAIT_S if timeout_s is None else max(0.0, timeout_s - waited)
+        ready, _ = ray.wait([pg.ready()], timeout=step)
+        if ready:
+            return
+        waited += step
+        if timeout_s is not None:
+            raise TimeoutError(f"{what} not placed within {timeout_s:.0f} s: no room for them")
+        log.warning(
+            "%s not placed after %.0f s; waiting for the cluster to offer them (autoscaling?); "
+            "`ray status` shows what is free",
+            what,
+            waited,
+        )
 
 
 def _bundle_gpu_ids() -> list[str]:
@@ -254,18 +295,23 @@ class GpuBinding:
     offset: int = 0
 
     def slot_range(self, index: int) -> range:
+        """The slots of actor ``index``."""
         first = self.offset + index * self.per_actor
         return range(first, first + self.per_actor)
 
     def strategy(self, index: int):
+        """The Ray scheduling strategy of actor ``index``: its first slot's bundle."""
         return self.slots.strategy(self.slot_range(index)[0])
 
-    def visible_devices(self, index: int) -> str | None:
+    def visible_devices(
+        self, index: int, timeout_s: float | None = None, fresh: bool = False
+    ) -> str | None:
         """``CUDA_VISIBLE_DEVICES`` actor ``index`` must set for itself (an actor over several
-        GPUs), or None where Ray's own setting (its bundle's GPU) is right."""
+        GPUs), or None where Ray's own setting (its bundle's GPU) is right
+        (``SlotPool.gpu_ids`` for ``timeout_s`` and ``fresh``)."""
         if self.per_actor == 1:
             return None
-        return ",".join(self.slots.gpu_ids(self.slot_range(index)))
+        return ",".join(self.slots.gpu_ids(self.slot_range(index), timeout_s, fresh))
 
     def shifted(self, actors: int) -> GpuBinding:
         """The binding of a pool that continues ``actors`` actors further on (a reward

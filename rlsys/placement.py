@@ -43,10 +43,15 @@ class ActorResources:
             options["scheduling_strategy"] = self.gpus.strategy(index)
         return options
 
-    def visible_devices(self, index: int = 0) -> str | None:
+    def visible_devices(
+        self, index: int = 0, timeout_s: float | None = None, fresh: bool = False
+    ) -> str | None:
         """``CUDA_VISIBLE_DEVICES`` actor ``index`` sets for itself (an actor over several
-        GPUs: ``gpu_slots.bind_visible_devices``); None: Ray's setting stands."""
-        return None if self.gpus is None else self.gpus.visible_devices(index)
+        GPUs: ``gpu_slots.bind_visible_devices``); None: Ray's setting stands
+        (``GpuBinding.visible_devices`` for ``timeout_s`` and ``fresh``)."""
+        if self.gpus is None:
+            return None
+        return self.gpus.visible_devices(index, timeout_s, fresh)
 
     def shifted(self, actors: int) -> ActorResources:
         """These resources for a pool that continues ``actors`` actors further on in the same
@@ -68,6 +73,7 @@ class PoolSpec:
     cpus_key: str
     resources: dict[str, float] = field(default_factory=dict)  # custom resources per actor
     resources_key: str = ""
+    most: int = 0  # the most actors it can grow to mid-run (0: count)
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,23 @@ def thread_env(threads: int) -> dict:
     return {"env_vars": {"OMP_NUM_THREADS": str(threads), **malloc}}
 
 
+def most_actors(cfg: TrainConfig, pool: str) -> int:
+    """The most actors ``pool`` can have during the run: its configured size, its elastic
+    schedule's sizes, autoscaling's max_workers (rollout); a critic with no schedule of its
+    own follows the learner's."""
+    if pool == "rollout":
+        rollout = cfg.rollout
+        sizes = [rollout.num_workers, *rollout.elastic.schedule.values()]
+        if rollout.elastic.autoscale.enabled:
+            sizes.append(rollout.elastic.autoscale.max_workers)
+        return max(sizes)
+    group = getattr(cfg, pool)
+    sizes = [group.world_size, *group.elastic.schedule.values()]
+    if pool == "critic" and not group.elastic.schedule:
+        sizes += cfg.learner.elastic.schedule.values()
+    return max(sizes)
+
+
 def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
     """Every pool of the run (learner and rollout first), as configured."""
     pools = [
@@ -136,6 +159,7 @@ def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
             "learner.num_cpus_per_rank",
             cfg.placement.learner_resources,
             "placement.learner_resources",
+            most_actors(cfg, "learner"),
         ),
         PoolSpec(
             "rollout",
@@ -146,6 +170,7 @@ def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
             "rollout.num_cpus_per_worker",
             cfg.placement.rollout_resources,
             "placement.rollout_resources",
+            most_actors(cfg, "rollout"),
         ),
     ]
     if roles.reference:
@@ -172,6 +197,7 @@ def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
                 "critic.num_cpus_per_rank",
                 cfg.placement.learner_resources,
                 "placement.learner_resources",
+                most_actors(cfg, "critic"),
             )
         )
     if roles.rewards and cfg.reward.num_workers:
@@ -243,14 +269,16 @@ def slot_specs(
     specs: dict[str, SlotPoolSpec] = {}
     if shared:
         users = tuple(
-            SlotUser(p.name, p.count, int(p.gpus), 1.0 / len(shared), p.cpus / share, p.resources)
+            SlotUser(
+                p.name, p.count, int(p.gpus), 1.0 / len(shared), p.cpus / share, p.resources, p.most
+            )
             for p in shared
         )
         spec = SlotPoolSpec("colocated", max(int(p.gpus) for p in shared), users, smallest)
         specs.update({p.name: spec for p in shared})
     for p in gpu_pools:
         if p.name not in specs:
-            user = SlotUser(p.name, p.count, int(p.gpus), 1.0, p.cpus, p.resources)
+            user = SlotUser(p.name, p.count, int(p.gpus), 1.0, p.cpus, p.resources, p.most)
             specs[p.name] = SlotPoolSpec(p.name, int(p.gpus), (user,), smallest)
     return specs
 
@@ -264,12 +292,16 @@ def connected_node_gpus() -> list[float] | None:
     return [n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["Alive"]]
 
 
+def unique_specs(by_pool: dict[str, SlotPoolSpec]) -> list[SlotPoolSpec]:
+    """The distinct slot pools of ``slot_specs`` (colocated pools share one), in order."""
+    return list({id(s): s for s in by_pool.values()}.values())
+
+
 def _check_gpus(
     cfg: TrainConfig, pools: list[PoolSpec], total_gpus: float, node_gpus: list[float] | None
 ) -> None:
     """The GPU slots fit the cluster's GPUs, and each slot group fits one node."""
-    by_pool = slot_specs(cfg, pools, node_gpus)
-    specs = list({id(s): s for s in by_pool.values()}.values())
+    specs = unique_specs(slot_specs(cfg, pools, node_gpus))
     if not specs:
         return
     keys = {p.name: p for p in pools}
@@ -279,13 +311,17 @@ def _check_gpus(
             f"{keys[u.pool].count_key}={u.count} x {u.per_actor} GPU(s)" for u in spec.users
         )
 
-    need = sum(s.size for s in specs)
+    need = sum(s.region for s in specs)
     if need > total_gpus + 1e-9:
-        parts = "; ".join(f"{s.name}: {s.size} ({describe(s)})" for s in specs)
+        parts = "; ".join(f"{s.name}: {s.region} ({describe(s)})" for s in specs)
+        fix = (
+            "shrink the pools"
+            if cfg.placement.mode == "colocated"
+            else "shrink the pools, or use placement.mode=colocated so the learner and the "
+            "engines share GPUs"
+        )
         raise ConfigError(
-            f"the GPU pools need {need} whole GPUs but Ray has {total_gpus:g} ({parts}); "
-            "shrink the pools, or use placement.mode=colocated so the learner and the engines "
-            "share GPUs"
+            f"the GPU pools need {need} whole GPUs but Ray has {total_gpus:g} ({parts}); {fix}"
         )
     if node_gpus:
         try:

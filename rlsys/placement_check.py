@@ -31,6 +31,7 @@ from rlsys.placement import (
     plan_placement,
     pool_specs,
     slot_specs,
+    unique_specs,
 )
 
 # pools that time-share GPUs when colocated (rlsys.placement.TIME_SHARED), in rank order
@@ -73,10 +74,13 @@ def _resources(placement: Placement, pool: str):
     return getattr(placement, pool)
 
 
-def place(cfg: TrainConfig, roles: Roles | None = None, timeout_s: float = 120.0) -> list[Placed]:
-    """Start a stand-in for every actor of ``cfg``'s pools in its slots, read where each
-    landed, stop them and remove the placement groups. GPU pools only (CPU actors have no
-    layout to check)."""
+def place(
+    cfg: TrainConfig, roles: Roles | None = None, timeout_s: float = 120.0, grow: bool = True
+) -> list[Placed]:
+    """Start a stand-in for every actor of ``cfg``'s pools in its slots (``grow``: as many as
+    each pool can grow to mid-run, ``placement.most_actors``), read where each landed, stop
+    them and remove the placement groups. GPU pools only (CPU actors have no layout to
+    check). Raises TimeoutError naming the actors Ray could not place within ``timeout_s``."""
     roles = roles or Roles.for_rl(cfg)
     placement = plan_placement(cfg, roles)
     started: list[tuple[str, int, float, object]] = []
@@ -85,12 +89,22 @@ def place(cfg: TrainConfig, roles: Roles | None = None, timeout_s: float = 120.0
             res = _resources(placement, spec.name)
             if res is None or res.gpus is None:
                 continue
-            for index in range(spec.count):
+            for index in range(max(spec.count, spec.most) if grow else spec.count):
                 options = res.actor_options(index)
                 options.pop("runtime_env", None)  # thread settings: nothing to run here
-                actor = _Stand.options(**options).remote(res.visible_devices(index))
+                visible = res.visible_devices(index, timeout_s)
+                actor = _Stand.options(**options).remote(visible)
                 started.append((spec.name, index, res.num_gpus, actor))
-        reports = ray.get([a.report.remote() for *_, a in started], timeout=timeout_s)
+        refs = [a.report.remote() for *_, a in started]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            missing = [
+                f"{p} {i}" for (p, i, _, _), r in zip(started, refs, strict=True) if r not in ready
+            ]
+            raise TimeoutError(
+                f"Ray placed no room for {', '.join(missing)} within {timeout_s:.0f} s"
+            )
+        reports = ray.get(refs)
     finally:
         for *_, actor in started:
             ray.kill(actor)
@@ -117,7 +131,7 @@ def predict(cfg: TrainConfig, node_gpus: list[float], roles: Roles | None = None
     roles = roles or Roles.for_rl(cfg)
     pools = pool_specs(cfg, roles)
     by_pool = slot_specs(cfg, pools, node_gpus)
-    specs = list({id(s): s for s in by_pool.values()}.values())
+    specs = unique_specs(by_pool)
     where = assign_groups(specs, node_gpus)
     index_of = {id(spec): i for i, spec in enumerate(specs)}
     placed = []
@@ -202,10 +216,13 @@ def _nccl_groups(cfg: TrainConfig, by_pool: dict[str, list[Placed]]) -> dict:
     return groups
 
 
-def check_cases(cases: list[list[str]], node_gpus: list[float] | None = None) -> list[dict]:
+def check_cases(
+    cases: list[list[str]], node_gpus: list[float] | None = None, timeout_s: float = 120.0
+) -> list[dict]:
     """For each list of overrides: load and validate the config, check it fits the connected
-    cluster (``check_fits``, as a run does before any actor starts), place it (``place``) and
-    check the layout. A config the checks refuse is reported with their error."""
+    cluster (``check_fits``, as a run does before any actor starts), place it (``place``, its
+    pools at their largest elastic sizes) and check the layout. A config the checks refuse,
+    or whose actors Ray cannot place within ``timeout_s``, is reported with the error."""
     from rlsys.config.errors import ConfigError
     from rlsys.config.loader import load_config
     from rlsys.placement import check_fits
@@ -225,7 +242,12 @@ def check_cases(cases: list[list[str]], node_gpus: list[float] | None = None) ->
             record["error"] = str(exc)
             out.append(record)
             continue
-        placed = place(cfg, roles)
+        try:
+            placed = place(cfg, roles, timeout_s)
+        except TimeoutError as exc:
+            record["error"] = str(exc)
+            out.append(record)
+            continue
         record["placed"] = [vars(p) | {"visible": list(p.visible)} for p in placed]
         record["violations"] = violations(cfg, placed)
         out.append(record)

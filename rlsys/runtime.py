@@ -58,14 +58,17 @@ def resident_bytes() -> int | None:
 
 
 def memory_in_use(device: str) -> int | None:
-    """Memory in use that a colocated hand-over moves: the whole GPU's used bytes for a CUDA
-    device (every process on it, as vLLM and the learners share it), this process's resident
-    bytes on a CPU."""
+    """Memory in use that a colocated hand-over moves: the used bytes of every GPU this
+    process sees for a CUDA device (every process on them, as vLLM and the learners share
+    them), this process's resident bytes on a CPU."""
     if device.startswith("cuda"):
         import torch
 
-        free, total = torch.cuda.mem_get_info()
-        return total - free
+        used = 0
+        for index in range(torch.cuda.device_count()):  # a TP engine's GPUs all count
+            free, total = torch.cuda.mem_get_info(index)
+            used += total - free
+        return used
     return resident_bytes()
 
 

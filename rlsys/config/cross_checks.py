@@ -174,11 +174,17 @@ def _check_gpu_transport(cfg: TrainConfig) -> None:
             "device; use weight_sync.transport=cuda_ipc (one engine on one GPU), "
             "weight_sync.transport=object_store, or placement.mode=disaggregated"
         )
-    engine_gpus = cfg.rollout.num_workers * cfg.rollout.num_gpus_per_worker
+    elastic = cfg.rollout.elastic
+    workers = max(
+        [cfg.rollout.num_workers, *elastic.schedule.values()]
+        + ([elastic.autoscale.max_workers] if elastic.autoscale.enabled else [])
+    )
+    engine_gpus = workers * cfg.rollout.num_gpus_per_worker
     if TRANSPORTS.trait(transport, "colocated_gpus") and engine_gpus > 1:
+        grown = "" if workers == cfg.rollout.num_workers else f" (the pool grows to {workers})"
         raise ConfigError(
             f"weight_sync.transport={transport} hands learner rank 0's buckets to engines on "
-            f"its own GPU, but rollout.num_workers={cfg.rollout.num_workers} x "
+            f"its own GPU, but {workers} rollout worker(s){grown} x "
             f"rollout.num_gpus_per_worker={cfg.rollout.num_gpus_per_worker:g} engine GPUs reach "
             "past it; use one engine on one GPU, weight_sync.transport=object_store, or "
             "placement.mode=disaggregated with weight_sync.transport=collective"

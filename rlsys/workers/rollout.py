@@ -182,9 +182,14 @@ class RolloutPool:
         self.workers = [self._spawn(i) for i in range(cfg.num_workers)]
         ray.get([w.version.remote() for w in self.workers])  # wait until every engine is up
 
-    def _spawn(self, index: int) -> ray.actor.ActorHandle:
-        """Worker ``index`` (a GPU worker goes to that engine's GPU slots)."""
+    def _spawn(
+        self, index: int, timeout_s: float | None = None, fresh: bool = False
+    ) -> ray.actor.ActorHandle:
+        """Worker ``index`` (a GPU worker goes to that engine's GPU slots; an engine over
+        several GPUs learns their ids once they are placed: within ``timeout_s``, read anew
+        with ``fresh``)."""
         res = self.resources
+        visible = res.visible_devices(index, timeout_s, fresh)
         # max_concurrency 2: abort() must reach a worker while generate() runs
         return RolloutWorker.options(**res.actor_options(index, max_concurrency=2)).remote(
             self.cfg,
@@ -193,28 +198,36 @@ class RolloutPool:
             res.threads,
             res.num_gpus,
             self.lora_scale,
-            res.visible_devices(index),
+            visible,
         )
 
     def replace(self, worker: int) -> None:
         """Kill worker ``worker`` (if it still runs) and start a fresh engine in its place,
-        on the starting weights: load the current ones before it takes work."""
+        on the starting weights: load the current ones before it takes work. Its GPUs are
+        read anew (Ray re-places the slots of a node it lost)."""
         with contextlib.suppress(Exception):
             ray.kill(self.workers[worker])
-        self.workers[worker] = self._spawn(worker)
+        self.workers[worker] = self._spawn(worker, fresh=True)
         ray.get(self.workers[worker].version.remote())
 
     def grow(self, count: int, timeout_s: float) -> list[int]:
         """Start ``count`` more workers (on the starting weights: send them the current ones
         before they take work); returns their indices. If they are not all up within
-        ``timeout_s`` (the cluster has no room), they are stopped and TimeoutError raised."""
+        ``timeout_s`` (the cluster has no room), they are stopped, the GPU slots made for
+        them removed, and TimeoutError raised."""
         first = len(self.workers)
-        new = [self._spawn(first + i) for i in range(count)]
+        slots = self.resources.gpus.slots if self.resources.gpus is not None else None
+        before = slots.groups() if slots is not None else set()
+        new: list[ray.actor.ActorHandle] = []
         try:
+            for i in range(count):
+                new.append(self._spawn(first + i, timeout_s))
             ray.get([w.version.remote() for w in new], timeout=timeout_s)
         except BaseException:
             for w in new:
                 ray.kill(w)
+            if slots is not None:
+                slots.remove(slots.groups() - before)
             raise
         self.workers.extend(new)
         return list(range(first, len(self.workers)))

@@ -61,6 +61,21 @@ LAYOUTS = {
         "rollout.num_workers=2",
         *tp(2),
     ],
+    # autoscaling adds a second engine onto learner rank 1's GPU (placed at its largest size)
+    "colocated_autoscale": [
+        *GPU,
+        "learner.world_size=2",
+        "rollout.elastic.autoscale.enabled=true",
+        "rollout.elastic.autoscale.max_workers=2",
+    ],
+    # a learner resized 2 -> 4 ranks beside two TP-2 engines
+    "colocated_learner_resize": [
+        *GPU,
+        "learner.world_size=2",
+        "learner.elastic.schedule={5:4}",
+        "rollout.num_workers=2",
+        *tp(2),
+    ],
     # two reward models of 2 ranks each on GPUs of their own, beside colocated pools
     "reward_models": [
         *GPU,
@@ -95,30 +110,73 @@ REFUSED = {
 
 
 @pytest.fixture(scope="module")
-def placed(tmp_path_factory):
-    """Every layout and refusal, placed on a 2 x 4-GPU loopback cluster in one session."""
-    cluster = LoopbackCluster(Node("head", cpus=32, gpus=4), [Node("gpu_node", cpus=32, gpus=4)])
+def cluster():
+    """Two loopback nodes of 4 logical GPUs (and plenty of logical CPUs) each."""
+    started = LoopbackCluster(Node("head", cpus=32, gpus=4), [Node("gpu_node", cpus=32, gpus=4)])
+    try:
+        started.start()
+        yield started
+    finally:
+        started.stop()
+
+
+def _python(cluster, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**AUTH, "PYTHONPATH": pythonpath},
+    )
+
+
+@pytest.fixture(scope="module")
+def placed(cluster, tmp_path_factory):
+    """Every layout (each pool at its largest elastic size) and refusal, placed in one
+    session of ``python -m rlsys.placement_check``."""
     cases = [*LAYOUTS.values(), *(overrides for overrides, _ in REFUSED.values())]
     path = tmp_path_factory.mktemp("placement") / "cases.json"
     path.write_text(json.dumps(cases))
-    try:
-        cluster.start()
-        pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        result = subprocess.run(
-            [sys.executable, "-m", "rlsys.placement_check", "--address", cluster.gcs]
-            + ["--cases", str(path), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=400,
-            cwd=ROOT,
-            env={**AUTH, "PYTHONPATH": pythonpath},
-        )
-    finally:
-        cluster.stop()
+    result = _python(
+        cluster,
+        ["-m", "rlsys.placement_check", "--address", cluster.gcs, "--cases", str(path), "--json"],
+        timeout=400,
+    )
     assert result.stdout.strip(), result.stderr[-3000:]
     records = json.loads(result.stdout.strip().splitlines()[-1])
     names = [*LAYOUTS, *REFUSED]
     return dict(zip(names, records, strict=True))
+
+
+# A pool grown past the cluster's room: creating its placement group does not wait, the wait
+# for its GPUs times out, and the groups are removed at once (this hung the run before).
+NO_ROOM = """
+import sys, time, ray
+from rlsys.gpu_slots import SlotPool, SlotPoolSpec, SlotUser
+ray.init(address=sys.argv[1], logging_level="ERROR")
+pool = SlotPool(SlotPoolSpec("engines", 2, (SlotUser("rollout", 4, 2, 1.0, 0.1),), 4))
+assert pool.gpu_ids(range(0, 2), timeout_s=60) and pool.gpu_ids(range(4, 6), timeout_s=60)
+start = time.perf_counter()
+pool.strategy(8)  # a fifth engine: its group is made, not waited for
+assert time.perf_counter() - start < 5, "made a group and waited"
+try:
+    pool.gpu_ids(range(8, 10), timeout_s=3)
+    raise SystemExit("a group with no room reported GPUs")
+except TimeoutError as exc:
+    print("timed out:", exc)
+start = time.perf_counter()
+pool.remove()
+assert time.perf_counter() - start < 5, "remove waited"
+print("ok")
+"""
+
+
+def test_a_pool_grown_past_the_room_times_out_instead_of_hanging(cluster):
+    result = _python(cluster, ["-c", NO_ROOM, cluster.gcs], timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+    assert "not placed within 3 s: no room" in result.stdout
 
 
 def test_the_plan_prints_commands_for_this_cluster():
@@ -151,6 +209,17 @@ def test_colocated_learner_ranks_share_only_with_their_engine(placed):
     assert len(set(gpu)) == 2  # the review found both ranks on GPU 0
     assert gpu == [(e["node_id"], e["visible"][0]) for e in engines]
     assert {a["gpus_asked"] for a in actors} == {0.5}  # two pools share each GPU
+
+
+def test_pools_are_placed_at_the_sizes_they_grow_to(placed):
+    """The grown actors start too: each bundle held room for them (a grown engine on a
+    learner rank's GPU found no CPU reserved there before)."""
+    counts = {}
+    for name in ("colocated_autoscale", "colocated_learner_resize"):
+        for actor in placed[name]["placed"]:
+            counts[(name, actor["pool"])] = counts.get((name, actor["pool"]), 0) + 1
+    assert counts[("colocated_autoscale", "rollout")] == 2
+    assert counts[("colocated_learner_resize", "learner")] == 4
 
 
 def test_tensor_parallel_engines_hold_whole_gpus_of_one_node(placed):

@@ -11,7 +11,13 @@ from rlsys.config import ConfigError
 from rlsys.config.loader import conf_dir, load_config
 from rlsys.gpu_slots import NoRoom, assign_groups
 from rlsys.models.lora import AdapterMerger, merge
-from rlsys.placement import Roles, check_fits, plan_placement, pool_specs, slot_specs
+from rlsys.placement import (
+    Roles,
+    check_fits,
+    plan_placement,
+    pool_specs,
+    slot_specs,
+)
 from rlsys.placement_check import Placed, predict, violations
 
 GPU = ["learner.num_gpus_per_rank=1", "rollout.num_gpus_per_worker=1"]
@@ -134,9 +140,10 @@ def test_violations_catch_the_layouts_a_gpu_cannot_run():
 def test_colocated_bundles_hold_a_gpu_and_the_cpus_of_the_actors_that_start_there():
     cfg = load_config([*GPU, "learner.world_size=8", "rollout.num_workers=2", *tp(4)])
     pools = pool_specs(cfg, Roles())
-    spec = slot_specs(cfg, pools, [8])["learner"]
-    assert spec is slot_specs(cfg, pools, [8])["learner"] or spec.name == "colocated"
-    assert spec.tp == 4 and spec.strict and spec.size == 8 and spec.width == 8
+    by_pool = slot_specs(cfg, pools, [8])
+    spec = by_pool["learner"]
+    assert by_pool["rollout"] is spec and spec.name == "colocated"  # one shared slot pool
+    assert spec.tp == 4 and spec.strict and spec.size == spec.region == 8 and spec.width == 8
     share = cfg.learner.num_cpus_per_rank / 2  # two colocated pools split the CPUs
     engine = cfg.rollout.num_cpus_per_worker / 2
     assert spec.bundle(0) == {"GPU": 1.0, "CPU": share + engine}  # rank 0 and engine 0
@@ -146,10 +153,47 @@ def test_colocated_bundles_hold_a_gpu_and_the_cpus_of_the_actors_that_start_ther
     narrow = slot_specs(cfg, pools, [4, 4])["rollout"]
     assert narrow.width == 4 and narrow.num_groups == 2
     assert [narrow.group_of(s) for s in (0, 3, 4, 7)] == [(0, 0), (0, 3), (1, 0), (1, 3)]
+    assert narrow.group_of(8) == (2, 0) and narrow.group_slots(2) == range(8, 12)  # grown
     placement = plan_placement(cfg, Roles(), node_gpus=[8])
     assert placement.learner.num_gpus == placement.rollout.num_gpus == 0.5
     assert placement.learner.gpus.slot_range(3) == range(3, 4)
     assert placement.rollout.gpus.slot_range(1) == range(4, 8)
+
+
+def test_bundles_hold_room_for_the_actors_a_pool_grows_to():
+    """A colocated engine that autoscaling adds lands on a learner rank's GPU: its bundle
+    holds the engine's CPUs from the start (else the new engine never schedules)."""
+    grows = [*GPU, "learner.world_size=2", "rollout.elastic.autoscale.enabled=true"]
+    cfg = load_config([*grows, "rollout.elastic.autoscale.max_workers=2"])
+    spec = slot_specs(cfg, pool_specs(cfg, Roles()))["rollout"]
+    engine = cfg.rollout.num_cpus_per_worker / 2
+    assert spec.size == 2 and spec.bundle(1)["CPU"] == cfg.learner.num_cpus_per_rank / 2 + engine
+    fixed = load_config([*GPU, "learner.world_size=2"])
+    spec = slot_specs(fixed, pool_specs(fixed, Roles()))["rollout"]
+    assert spec.bundle(1)["CPU"] == fixed.learner.num_cpus_per_rank / 2  # no growth, no room
+    # the learner's schedule likewise reserves for its largest size
+    one = [*GPU, "rollout.num_workers=2", "learner.world_size=1"]
+    resized = load_config([*one, "learner.elastic.schedule={5:2}"])
+    engine = resized.rollout.num_cpus_per_worker / 2
+    spec = slot_specs(resized, pool_specs(resized, Roles()))["learner"]
+    assert spec.bundle(1)["CPU"] == resized.learner.num_cpus_per_rank / 2 + engine
+    fixed = load_config(one)
+    assert slot_specs(fixed, pool_specs(fixed, Roles()))["learner"].bundle(1)["CPU"] == engine
+
+
+def test_the_last_group_holds_only_the_slots_the_pools_need():
+    """Three engines over 2 GPUs each need 6 GPUs: on two 4-GPU nodes a group of 4 and one of
+    2, not two of 4 (which would refuse a layout that fits)."""
+    cfg = load_config(
+        [*GPU, "placement=disaggregated", "learner.world_size=2", "rollout.num_workers=3", *tp(2)]
+    )
+    spec = slot_specs(cfg, pool_specs(cfg, Roles()), [4, 4])["rollout"]
+    assert [spec.group_slots(g) for g in range(spec.num_groups)] == [range(4), range(4, 6)]
+    check_fits(cfg, 64, 8, Roles(), node_gpus=[4, 4])  # 6 + 2 GPUs: exactly the cluster
+    assert violations(cfg, predict(cfg, [4, 4])) == []
+    # a region not a whole number of engines is rounded up to one (an engine never straddles)
+    odd = load_config([*GPU, "learner.world_size=3", *tp(2)])
+    assert slot_specs(odd, pool_specs(odd, Roles()))["learner"].region == 4
 
 
 def test_single_gpu_actors_form_one_packed_group_and_grow_one_slot_at_a_time():

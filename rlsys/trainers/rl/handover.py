@@ -10,12 +10,17 @@ from the sleep to the last stage. Each stage reports ``memory/*`` metrics (docs/
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
+from rlsys.engines.base import WAKE_ALL
+
 if TYPE_CHECKING:
     from rlsys.pools import Pools
+
+log = logging.getLogger(__name__)
 
 
 class MemoryHandover:
@@ -35,7 +40,9 @@ class MemoryHandover:
     def engines_asleep(self, timer, metrics: dict[str, float]) -> Iterator[None]:
         """The engines sleep for the block; after it the learner-side groups release their
         cached memory and the engines wake their weights (the version they had), ready for
-        the sync. Without ``enabled`` the block just runs."""
+        the sync. If the block fails (a rank died), the engines wake whole at once, so
+        whatever recovers the run finds them ready to generate. Without ``enabled`` the
+        block just runs."""
         if not self.enabled:
             yield
             return
@@ -49,13 +56,33 @@ class MemoryHandover:
                 metrics["memory/engine_rss_drop_bytes"] = float(sum(drops))
             try:
                 yield
-            finally:
-                with timer("engine_wake"):
-                    metrics.update(self.pools.release_memory())
-                    woken = self.pools.rollout.wake(("weights",))
-                self.kv_cache_asleep = True
-                metrics["rollout/engines_woken"] = float(len(woken))
-                metrics.update(_taken("memory/engine_wake_bytes", woken))
+            except BaseException:
+                self.wake_all()
+                raise
+            with timer("engine_wake"):
+                metrics.update(self._release())
+                woken = self.pools.rollout.wake(("weights",))
+            self.kv_cache_asleep = True
+            metrics["rollout/engines_woken"] = float(len(woken))
+            metrics.update(_taken("memory/engine_wake_bytes", woken))
+
+    def _release(self) -> dict[str, float]:
+        """The learner-side groups' release, best effort: a rank that cannot answer holds
+        nothing the engines need back (its process is gone or going)."""
+        try:
+            return self.pools.release_memory()
+        except Exception as exc:  # noqa: BLE001 - the wake must happen regardless
+            log.warning("releasing learner memory before the engines wake failed: %s", exc)
+            return {}
+
+    def wake_all(self) -> None:
+        """Wake the engines whole (weights and KV cache), best effort: after a failed step,
+        before the run recovers."""
+        try:
+            self.pools.rollout.wake(WAKE_ALL)
+        except Exception as exc:  # noqa: BLE001 - recovery replaces engines that cannot
+            log.warning("waking the engines after a failed step failed: %s", exc)
+        self.kv_cache_asleep = False
 
     def wake_kv_cache(self, timer) -> dict[str, float]:
         """The engines' KV cache back, after the weight sync."""

@@ -27,7 +27,7 @@ import ray
 from rlsys.config.elastic import RESIZABLE_GROUPS, resized
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import Roles, check_fits
+from rlsys.placement import Roles, check_fits, connected_node_gpus
 from rlsys.pools import Pools
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.state import RunState
@@ -105,7 +105,14 @@ class LearnerScaler:
             return
         total = ray.cluster_resources()
         try:
-            check_fits(cfg, total.get("CPU", 0), total.get("GPU", 0), self.roles, total)
+            check_fits(
+                cfg,
+                total.get("CPU", 0),
+                total.get("GPU", 0),
+                self.roles,
+                total,
+                connected_node_gpus(),
+            )
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from exc
 
