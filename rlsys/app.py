@@ -23,7 +23,8 @@ from rlsys.models.loading import (
 )
 from rlsys.placement import Roles
 from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
-from rlsys.run.directory import check_output_dir, make_run_dir, write_summary
+from rlsys.run.directory import check_output_dir, make_run_dir, record_cluster, write_summary
+from rlsys.run.lock import lock_run_dir, owns_run_dir
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector, check_group_by
 from rlsys.trainers.preference.pairs import preference_pairs
@@ -214,12 +215,8 @@ def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path], dict] | None:
     """The run directory to continue, its checkpoints to try (newest first, the first one
     with a readable controller state leading) and that state's ``run_info``; None for a fresh
     run."""
-    from rlsys.checkpoint import (
-        CheckpointError,
-        CheckpointStore,
-        read_trainer_state,
-        resolve_resume,
-    )
+    from rlsys.checkpoint import CheckpointError, CheckpointStore, resolve_resume
+    from rlsys.trainers.rl.saved_state import read_run_state
 
     if not cfg.resume:
         return None
@@ -228,6 +225,7 @@ def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path], dict] | None:
         log.info("resume=auto: no checkpoint under %s, starting a fresh run", cfg.run.output_dir)
         return None
     run_dir, chosen = found
+    lock_run_dir(run_dir, f"resume={cfg.resume}")  # before its checkpoints are read
     complete = CheckpointStore(run_dir / "checkpoints", cfg.checkpoint.keep).complete()
     if chosen is not None:
         complete = [p for p in complete if p == chosen]
@@ -239,7 +237,7 @@ def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path], dict] | None:
     reasons = []
     for i, path in enumerate(complete):
         try:
-            run_info = read_trainer_state(path)["run_info"]
+            run_info = read_run_state(path, cfg.trainer.total_steps)["run_info"]
         except (CheckpointError, KeyError, TypeError) as exc:
             log.warning("checkpoint %s does not load (%s): trying the previous one", path, exc)
             reasons.append(f"{path.name}: {exc}")
@@ -252,6 +250,7 @@ def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path], dict] | None:
     )
 
 
+@owns_run_dir
 def train(cfg: TrainConfig) -> Path:
     """``rlsys train``: warm start (if enabled), RL, final eval; returns summary.json's path.
     With ``resume`` it continues a run from its latest complete checkpoint."""
@@ -272,7 +271,7 @@ def train(cfg: TrainConfig) -> Path:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         log.info("resuming %s from %s", run_dir, candidates[0])
     log.info("run directory: %s", run_dir)
-    connect_ray(cfg, roles)
+    record_cluster(run_dir, connect_ray(cfg, roles))  # what `rlsys scale` sizes are bounded by
     policy_path, warm = base, None
     if saved.get("model_path") and Path(saved["model_path"]).exists():
         policy_path, warm = saved["model_path"], saved.get("warm_start")
@@ -324,6 +323,7 @@ def train(cfg: TrainConfig) -> Path:
     return write_summary(run_dir, summary)
 
 
+@owns_run_dir
 def sft(cfg: TrainConfig) -> Path:
     """``rlsys sft``: supervised fine-tuning; the model lands in ``checkpoints/final``."""
     started = time.perf_counter()
@@ -385,6 +385,7 @@ def _preference_summary(run_dir, result, data, start, warm, final, started) -> P
     )
 
 
+@owns_run_dir
 def rm(cfg: TrainConfig) -> Path:
     """``rlsys rm``: train a reward model on preference pairs; it lands in
     ``checkpoints/final`` as a sequence-classification model for ``reward.model.paths``."""
@@ -439,6 +440,7 @@ def rm(cfg: TrainConfig) -> Path:
     return _preference_summary(run_dir, result, data, start, warm, final, started)
 
 
+@owns_run_dir
 def dpo(cfg: TrainConfig) -> Path:
     """``rlsys dpo``: DPO / IPO / conservative DPO of the policy on preference pairs; the
     policy lands in ``checkpoints/final``."""

@@ -14,8 +14,10 @@ Layout (``<run_dir>/checkpoints/``)::
     final/             the policy as a Hugging Face directory, at the end of the run
 
 A checkpoint is assembled in ``.tmp-step_<N>`` beside its final name, every file fsynced,
-then renamed into place, so a crash leaves either the complete checkpoint or none. The
-directory must be on storage every learner rank can write (one node, or a shared file system).
+then renamed into place, so a crash leaves either the complete checkpoint or none; a
+``.tmp-`` entry left over (a directory, a file or a symlink) is removed at the next save and
+never read. The directory must be on storage every learner rank can write (one node, or a
+shared file system).
 """
 
 from __future__ import annotations
@@ -91,8 +93,12 @@ def problem(path: Path) -> str | None:
         return f"no {MANIFEST} (the save did not finish)"
     try:
         expected = json.loads(manifest.read_text())["files"]
+        if not isinstance(expected, dict):
+            raise TypeError(f"files is a {type(expected).__name__}, not a dict")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"unreadable {MANIFEST}: {exc}"
+    except RecursionError:  # nested thousands deep: no manifest rlsys wrote
+        return f"unreadable {MANIFEST}: nested too deep"
     for rel, size in expected.items():
         file = path / rel
         if not file.is_file():
@@ -114,7 +120,7 @@ class CheckpointStore:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"{PREFIX}{step:06d}"
         tmp = self.root / f"{TMP_PREFIX}{final.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_stray(tmp)
         tmp.mkdir()
         started = time.perf_counter()
         write(tmp)
@@ -159,7 +165,19 @@ class CheckpointStore:
         for old in self.complete()[self.keep :]:
             shutil.rmtree(old, ignore_errors=True)
         for tmp in self.root.glob(f"{TMP_PREFIX}*"):  # left by a crash mid-save
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_stray(tmp)
+
+
+def _remove_stray(path: Path) -> None:
+    """Remove a leftover temporary entry: a directory with what it holds, a file, or a
+    symlink itself (never what it points to)."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path)  # does not follow symlinks inside
+    except OSError as exc:  # the mkdir or rename after it names the path if it is still there
+        log.warning("could not remove %s left from an earlier save: %s", path, exc)
 
 
 def write_trainer_state(path: Path, state: dict) -> None:

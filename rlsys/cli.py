@@ -31,8 +31,9 @@ JOB_COMMANDS = {
     "stop": "stop a submitted job (the run checkpoints on SIGTERM)",
 }
 SCALE_HELP = (
-    "resize a running run's pools after its current step: rlsys scale RUN_DIR rollout=N "
-    "learner=M [critic=K]"
+    "resize a live run's pools after its current step: rlsys scale RUN_DIR rollout=N "
+    "learner=M [critic=K]; exit 2 if no process holds RUN_DIR/.lock or a size is past the "
+    "run's bounds (autoscale range, the cluster in RUN_DIR/cluster.json)"
 )
 REPORT_HELP = "plot a run's metrics.jsonl: RUN_DIR/report/index.html and a PNG per panel"
 PLAN_HELP = (
@@ -69,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("job_id", help="the id `rlsys submit` printed")
         cmd.add_argument("overrides", nargs="*", help="launcher=... cluster.address=... etc.")
     scale = sub.add_parser("scale", help=SCALE_HELP, description=SCALE_HELP)
-    scale.add_argument("run_dir", help="the run's directory (it holds config.yaml)")
+    scale.add_argument("run_dir", help="the live run's directory (config.yaml, .lock)")
     scale.add_argument("targets", nargs="+", help="pool=size, e.g. rollout=4 learner=2")
     export = sub.add_parser("export", help=EXPORT_HELP, description=EXPORT_HELP)
     export.add_argument("checkpoint", help="a run's checkpoints/step_<N> (or its policy/)")
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from rlsys import app
     from rlsys.checkpoint import CheckpointError
+    from rlsys.run.lock import RunDirInUse
     from rlsys.runtime import quiet_libraries
 
     quiet_libraries()
@@ -225,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"summary: {getattr(app, args.command)(cfg)}")
         else:
             print(json.dumps(app.evaluate(cfg), indent=2))
+    except RunDirInUse as exc:  # another run owns the directory: not a config mistake
+        print(f"rlsys {args.command}: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"rlsys {args.command}: config error: {exc}", file=sys.stderr)
         return 2

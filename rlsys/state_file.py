@@ -14,7 +14,9 @@ no type for::
     {"__dataclass__": "Sample", "fields": {...}}  one of rlsys.types' dataclasses
 
 On reading, a tag names only those types: a class outside ``rlsys.types``' list, an array of
-objects or an unknown tag is an error, never an import.
+objects or an unknown tag is an error, never an import; so is nesting deeper than
+``MAX_DEPTH`` (a run's state is about 20 levels deep; a file nested thousands deep would
+otherwise exhaust Python's recursion).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ _CLASSES = {
 }
 _TAGS = ("__tuple__", "__dict__", "__array__", "__dataclass__")
 _ARRAY_KINDS = "biufc"  # bool, integers, floats, complex: nothing that holds objects
+MAX_DEPTH = 100  # lists, tuples, dicts, dataclasses and arrays a state may nest
 
 
 class StateFileError(ValueError):
@@ -67,7 +70,7 @@ def write_state(json_path: Path, state: Any) -> None:
     """Write ``state`` to ``json_path`` and its arrays to ``json_path`` with suffix .npz
     (only when it has arrays)."""
     arrays: dict[str, np.ndarray] = {}
-    tree = _encode(state, arrays, "state")
+    tree = _encode(state, arrays, "state", MAX_DEPTH)
     document = {"format": FORMAT, "version": VERSION, "arrays": sorted(arrays), "state": tree}
     json_path.write_text(json.dumps(document, separators=(",", ":")))
     if arrays:
@@ -81,6 +84,10 @@ def read_state(json_path: Path) -> Any:
         document = json.loads(json_path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise StateFileError(f"{json_path} is unreadable: {exc}") from exc
+    except RecursionError:  # json's parser recurses per level: no traceback for a planted file
+        raise StateFileError(
+            f"{json_path} is nested deeper than {MAX_DEPTH} levels: not a state rlsys wrote"
+        ) from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise StateFileError(f"{json_path} is not an rlsys trainer state (no format={FORMAT!r})")
     if document.get("version") != VERSION:
@@ -100,16 +107,23 @@ def read_state(json_path: Path) -> Any:
         except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             raise StateFileError(f"{npz} is unreadable: {exc}") from exc
     try:
-        return _decode(document.get("state"), arrays)
+        return _decode(document.get("state"), arrays, MAX_DEPTH)
+    except _TooDeep:
+        raise StateFileError(
+            f"{json_path} is nested deeper than {MAX_DEPTH} levels: not a state rlsys wrote"
+        ) from None
     except (KeyError, TypeError, ValueError) as exc:
         raise StateFileError(f"{json_path} holds a malformed state: {exc}") from exc
 
 
-def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
+def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str, depth: int) -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, np.generic):
         return obj.item()
+    if depth == 0:  # refused when saving, not only when resuming
+        raise StateFileError(f"{where} nests deeper than {MAX_DEPTH} levels")
+    depth -= 1
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in _ARRAY_KINDS:
             raise StateFileError(f"{where}: an array of {obj.dtype} cannot be checkpointed")
@@ -117,21 +131,24 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
         arrays[name] = obj
         return {"__array__": name}
     if isinstance(obj, (list, tuple)):
-        items = [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]
+        items = [_encode(v, arrays, f"{where}[{i}]", depth) for i, v in enumerate(obj)]
         return items if isinstance(obj, list) else {"__tuple__": items}
     if isinstance(obj, dict):
         if all(isinstance(k, str) and k not in _TAGS for k in obj):
-            return {k: _encode(v, arrays, f"{where}[{k!r}]") for k, v in obj.items()}
+            return {k: _encode(v, arrays, f"{where}[{k!r}]", depth) for k, v in obj.items()}
         return {
             "__dict__": [
-                [_encode(k, arrays, f"{where} key"), _encode(v, arrays, f"{where}[{k!r}]")]
+                [
+                    _encode(k, arrays, f"{where} key", depth),
+                    _encode(v, arrays, f"{where}[{k!r}]", depth),
+                ]
                 for k, v in obj.items()
             ]
         }
     name = type(obj).__name__
     if dataclasses.is_dataclass(obj) and _CLASSES.get(name) is type(obj):
         fields = {
-            f.name: _encode(getattr(obj, f.name), arrays, f"{where}.{f.name}")
+            f.name: _encode(getattr(obj, f.name), arrays, f"{where}.{f.name}", depth)
             for f in dataclasses.fields(obj)
         }
         return {"__dataclass__": name, "fields": fields}
@@ -141,19 +158,26 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     )
 
 
-def _decode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v, arrays) for v in obj]
-    if not isinstance(obj, dict):
+class _TooDeep(ValueError):
+    """The state nests deeper than MAX_DEPTH."""
+
+
+def _decode(obj: Any, arrays: dict[str, np.ndarray], depth: int) -> Any:
+    if not isinstance(obj, (list, dict)):
         return obj
+    if depth == 0:
+        raise _TooDeep
+    depth -= 1
+    if isinstance(obj, list):
+        return [_decode(v, arrays, depth) for v in obj]
     tags = [tag for tag in _TAGS if tag in obj]
     if not tags:
-        return {k: _decode(v, arrays) for k, v in obj.items()}
+        return {k: _decode(v, arrays, depth) for k, v in obj.items()}
     tag = tags[0]
     if tag == "__tuple__":
-        return tuple(_decode(v, arrays) for v in obj[tag])
+        return tuple(_decode(v, arrays, depth) for v in obj[tag])
     if tag == "__dict__":
-        return {_decode(k, arrays): _decode(v, arrays) for k, v in obj[tag]}
+        return {_decode(k, arrays, depth): _decode(v, arrays, depth) for k, v in obj[tag]}
     if tag == "__array__":
         array = arrays[obj[tag]]
         if array.dtype.kind not in _ARRAY_KINDS:
@@ -168,4 +192,4 @@ def _decode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
         raise ValueError(
             f"{obj[tag]} has fields {sorted(fields)}, expected some of {sorted(names)}"
         )
-    return cls(**{k: _decode(v, arrays) for k, v in fields.items()})
+    return cls(**{k: _decode(v, arrays, depth) for k, v in fields.items()})

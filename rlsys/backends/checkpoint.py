@@ -172,6 +172,48 @@ def safe_load_planner(keys: set[str] | None = None):
     return planner(keys=keys)
 
 
+def dcp_reader(dcp_dir: Path):
+    """DCP's file reader for ``dcp_dir`` that remembers which shard file it reads
+    (``reading``), so a damaged one can be named (``dcp_read_error``)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class ShardNamingReader(FileSystemReader):
+        reading: str | None = None
+
+        def _slice_file(self, file, sinfo):  # called for every item, before it is read
+            self.reading = sinfo.relative_path
+            return super()._slice_file(file, sinfo)
+
+    return ShardNamingReader(str(dcp_dir))
+
+
+def dcp_read_error(root: Path, exc: BaseException, reader, fix: str) -> BackendCheckpointError:
+    """The error for reading the DCP state of the backend checkpoint ``root`` with ``reader``
+    (a ``dcp_reader``) failing with ``exc``: the shard file and the cause in one line, then
+    ``fix``."""
+    shard = getattr(reader, "reading", None)
+    where = root / DCP_DIR / shard if shard else root / DCP_DIR
+    return BackendCheckpointError(
+        f"backend checkpoint {root}: {where} is damaged or incomplete ({failure_cause(exc)}); {fix}"
+    )
+
+
+def failure_cause(exc: BaseException) -> str:
+    """``exc`` in a short line: the first rank's error of a DCP CheckpointException (which
+    prints every rank's traceback), the first sentence of a long message, and never torch's
+    advice to retry with ``weights_only=False`` (which would run a damaged or planted pickle)."""
+    failures = getattr(exc, "failures", None)  # torch.distributed.checkpoint's exception
+    if isinstance(failures, dict) and failures:
+        exc = next(iter(failures.values()))[0]
+    text = str(exc).strip()
+    if "weights_only" in text:  # torch's weights-only unpickler refused the bytes
+        detail = text.partition("WeightsUnpickler error:")[2].strip().splitlines()
+        text = "not tensor data" + (f": {detail[0].strip()}" if detail else "")
+    line = text.splitlines()[0] if text else ""
+    sentence = line.split(". ")[0][:200]
+    return f"{type(exc).__name__}: {sentence}" if sentence else type(exc).__name__
+
+
 def rng_path(root: Path, rank: int) -> Path:
     """Where rank ``rank`` keeps its RNG state."""
     return root / RNG_DIR / f"rank_{rank:05d}.pt"
@@ -200,8 +242,8 @@ def load_rng(root: Path, rank: int, device: torch.device) -> bool:
         state = torch.load(path, weights_only=True)
     except Exception as exc:  # torch.load raises many types for a damaged file
         raise BackendCheckpointError(
-            f"backend checkpoint {root}: {path.name} is unreadable ({exc}); the checkpoint is "
-            "damaged, load an earlier one"
+            f"backend checkpoint {root}: {path} is unreadable ({failure_cause(exc)}); the "
+            "checkpoint is damaged, load an earlier one"
         ) from exc
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:

@@ -20,17 +20,21 @@ CHECKPOINT_READERS: Registry[Reader] = Registry("backend checkpoint reader", "le
 @CHECKPOINT_READERS.register("fsdp2")
 def _dcp_model_state(root: Path) -> dict[str, torch.Tensor]:
     """The full model tensors of an FSDP2 (DCP) checkpoint, read without a process group."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     ckpt.check_dcp_metadata(root / ckpt.DCP_DIR)
     state: dict = {}
-    _load_state_dict(  # what format_utils.dcp_to_torch_save does, model keys only, in memory
-        state,
-        storage_reader=FileSystemReader(str(root / ckpt.DCP_DIR)),
-        planner=ckpt.safe_load_planner(keys={"model"}),
-        no_dist=True,
-    )
+    reader = ckpt.dcp_reader(root / ckpt.DCP_DIR)
+    try:
+        _load_state_dict(  # what format_utils.dcp_to_torch_save does, model keys only, in memory
+            state,
+            storage_reader=reader,
+            planner=ckpt.safe_load_planner(keys={"model"}),
+            no_dist=True,
+        )
+    except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+        raise ckpt.dcp_read_error(root, exc, reader, "export an earlier one") from None
     return state["model"]
 
 
@@ -72,10 +76,9 @@ def export_hf(checkpoint_dir: str, out_dir: str, merge: bool = False) -> str:
     except ckpt.BackendCheckpointError:
         raise
     except Exception as exc:
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ckpt.BackendCheckpointError(
             f"backend checkpoint {root}: reading its {info['backend']} weights failed "
-            f"({type(exc).__name__}: {cause}); the checkpoint is incomplete or damaged: "
+            f"({ckpt.failure_cause(exc)}); the checkpoint is incomplete or damaged: "
             "export an earlier one"
         ) from exc
     model = load_model(info["model_path"], info["dtype"])

@@ -30,6 +30,7 @@ from rlsys.backends.checkpoint import (
     DCP_DIR,
     BackendCheckpointError,
     check_dcp_metadata,
+    failure_cause,
     safe_load_planner,
 )
 from rlsys.models.blocks import decoder_layers
@@ -143,7 +144,8 @@ class FSDP2Backend(TrainingBackend):
             rank, (cause, _) = next(iter(exc.failures.items()))
             raise BackendCheckpointError(
                 f"backend checkpoint {root}: loading the model/optimizer state failed on rank "
-                f"{rank} ({cause}); the checkpoint is incomplete or damaged, load an earlier one"
+                f"{rank} ({failure_cause(cause)}); the checkpoint is incomplete or damaged, load "
+                "an earlier one"
             ) from exc
         set_state_dict(
             self.model,

@@ -58,8 +58,9 @@ def preflight(cfg: TrainConfig, roles: Roles) -> None:
     check_fits(cfg, cpus, gpus, roles, node_gpus=[gpus])
 
 
-def connect_ray(cfg: TrainConfig, roles: Roles) -> None:
-    """Start a local Ray (or join ``cluster.address``) and check the pools fit it."""
+def connect_ray(cfg: TrainConfig, roles: Roles) -> dict[str, float]:
+    """Start a local Ray (or join ``cluster.address``), check the pools fit it and return its
+    resources (``ray.cluster_resources()``)."""
     import ray
 
     if not ray.is_initialized():
@@ -95,6 +96,7 @@ def connect_ray(cfg: TrainConfig, roles: Roles) -> None:
         resources,
         connected_node_gpus(),
     )
+    return resources
 
 
 @LAUNCHERS.register("local")

@@ -206,6 +206,34 @@ def test_export_inputs_that_cannot_be_exported(capsys, tmp_path):
     assert "weights_only" not in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("damage", ["random bytes", "truncated", "zeros"])
+def test_export_of_a_damaged_shard_names_the_file(capsys, tmp_path, damage):
+    """A DCP shard (``.distcp``) that is not what its metadata says: exit 2 naming the file,
+    without torch's advice to load it with ``weights_only=False`` (issue 47 item 18)."""
+    import random
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    policy = tmp_path / "policy"
+    state = {"model": {"w": torch.ones(64)}, "optim": {"param_groups": [{"lr": 0.1}]}}
+    dcp.save(state, checkpoint_id=str(policy / "dcp"), no_dist=True)
+    info = {"backend": "fsdp2", "role": "policy", "model_path": "builtin:tiny"}
+    (policy / "backend.json").write_text(json.dumps({**info, "dtype": "float32"}))
+    (shard,) = (policy / "dcp").glob("*.distcp")
+    size = shard.stat().st_size
+    if damage == "random bytes":
+        shard.write_bytes(random.Random(0).randbytes(size))
+    elif damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[: size // 2])
+    else:
+        shard.write_bytes(bytes(size))
+    assert main(["export", str(policy), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{shard}" in err and "damaged" in err and "export an earlier one" in err, err
+    assert "weights_only" not in err and "Traceback" not in err, err
+
+
 def test_resume_over_damaged_checkpoints_changes_nothing(capsys, tmp_path):
     """resume=auto over checkpoints none of which is complete: exit 2 naming them, within
     seconds, and the old run's files are as they were (nothing deleted, nothing appended)."""

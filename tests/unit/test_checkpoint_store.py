@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from rlsys.buffer import StreamingBuffer
@@ -63,6 +65,11 @@ def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path):
         (lambda p: (p / "manifest.json").write_text("{not json"), "unreadable manifest"),
         (lambda p: (p / "policy" / "shard.bin").unlink(), "policy/shard.bin is missing"),
         (lambda p: (p / "trainer.json").write_bytes(b"cut"), "trainer.json has 3 bytes"),
+        (lambda p: (p / "manifest.json").write_text('{"files": [1]}'), "unreadable manifest"),
+        (
+            lambda p: (p / "manifest.json").write_text("[" * 100_000 + "]" * 100_000),
+            "unreadable manifest",
+        ),
     ],
 )
 def test_damaged_checkpoints_are_detected_and_skipped(tmp_path, damage, reason):
@@ -187,10 +194,31 @@ def test_export_refuses_an_incomplete_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def _controller_state(step: int, run_info: dict) -> dict:
+    """The smallest controller state a run saves after ``step`` (``Recovery.state_dict``'s
+    keys; tests/unit/test_saved_state.py checks the real one)."""
+    return {
+        "version": step,
+        "totals": {"steps": step},
+        "marks": [0, 0],
+        "buffer": {
+            "stats": {"issued": 0, "admitted": 0, "released": 0, "dropped": {}},
+            **{"version": step, "steps": step, "issued": 0, "dropped": {}, "groups": []},
+        },
+        "sampler": {"epoch": 0, "position": 0},
+        "pipeline": {"drawn": 0, "calls": [0], "continued": [0]},
+        "kl_coef": 0.0,
+        "collector": {"reward_errors": 0, "skipped_prompts": 0},
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state()},
+        "run_info": run_info,
+    }
+
+
 def _run_with_checkpoints(tmp_path, steps: tuple[int, ...]) -> CheckpointStore:
     store = CheckpointStore(tmp_path / "run" / "checkpoints", 3)
     for step in steps:
-        store.save(step, lambda tmp, s=step: write_trainer_state(tmp, {"run_info": {"s": s}}))
+        state = _controller_state(step, {"s": step})
+        store.save(step, lambda tmp, state=state: write_trainer_state(tmp, state))
     (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     return store
 
@@ -209,7 +237,8 @@ def test_resume_falls_back_past_an_unreadable_trainer_state(tmp_path):
     assert run_dir == tmp_path / "run"
     assert [step_of(p) for p in candidates] == [1] and run_info == {"s": 1}
 
-    (store.saved()[1] / "trainer.json").write_bytes(b"{}" + b" " * 40)
+    older = store.saved()[1] / "trainer.json"
+    older.write_bytes(b"{}".ljust(older.stat().st_size))
     newest.write_bytes(b"x" * newest.stat().st_size)
     with pytest.raises(CheckpointError, match="no checkpoint of .* loads.*nothing was changed"):
         _resume_point(cfg)
@@ -233,3 +262,43 @@ def test_a_fresh_run_never_reuses_a_directory_that_holds_a_run(tmp_path):
     cfg = load_config([f"run.output_dir={tmp_path}", "run.name=fresh", "resume=auto"])
     assert make_run_dir(cfg, restart=True) == tmp_path / "fresh"
     assert (tmp_path / "fresh" / "metrics.jsonl").read_text() == ""
+
+
+@pytest.mark.parametrize("stray", ["file", "dir symlink", "file symlink", "dangling symlink"])
+def test_a_stray_tmp_entry_neither_blocks_a_save_nor_is_followed(tmp_path, stray):
+    """A ``.tmp-step_<N>`` that is a file or a symlink (a crash, a copy, a hand) is removed
+    at save (a symlink itself, never what it points to) instead of failing the save with
+    FileExistsError, and so are stray ones of other steps."""
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the checkpoint's")
+    for name in (".tmp-step_000001", ".tmp-step_000007"):
+        entry = root / name
+        if stray == "file":
+            entry.write_text("left over")
+        elif stray == "dir symlink":
+            entry.symlink_to(outside, target_is_directory=True)
+        elif stray == "file symlink":
+            entry.symlink_to(outside / "keep.txt")
+        else:
+            entry.symlink_to(tmp_path / "gone")
+    store = CheckpointStore(root, keep=2)
+    path = store.save(1, _write("x"))
+    assert problem(path) is None and not path.is_symlink()
+    assert read_trainer_state(path) == {"payload": "x"}
+    assert sorted(p.name for p in root.iterdir()) == ["step_000001"]
+    assert (outside / "keep.txt").read_text() == "not the checkpoint's"
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+
+
+def test_a_tmp_directory_is_never_resumed(tmp_path):
+    """A complete-looking ``.tmp-step_<N>`` (a save that crashed after its manifest, or a
+    copy) is not a checkpoint: resume and export see only ``step_<N>`` directories."""
+    store = CheckpointStore(tmp_path / "run" / "checkpoints", keep=2)
+    store.save(1, _write("done"))
+    os.rename(store.save(2, _write("tmp")), store.root / ".tmp-step_000002")
+    assert [step_of(p) for p in store.complete()] == [1]
+    assert resolve_resume("auto", str(tmp_path), None) == (tmp_path / "run", None)
+    assert read_trainer_state(store.latest()) == {"payload": "done"}

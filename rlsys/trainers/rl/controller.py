@@ -71,7 +71,7 @@ from rlsys.trainers.rl.sample_metrics import (
     step_group_metrics,
     tree_metrics,
 )
-from rlsys.trainers.rl.scale_requests import ScalePlan
+from rlsys.trainers.rl.scale_requests import ScalePlan, live_check
 from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
 from rlsys.trainers.rl.step_metrics import batch_metrics, perf_metrics, train_metrics
@@ -155,12 +155,17 @@ class Controller:
         self.preempt = threading.Event()  # set (by a SIGTERM handler): checkpoint and stop
         self.state = RunState(*self._fresh_parts())
         self.handover = MemoryHandover(pools, self.state, cfg.engines_sleep)
-        self.scaler = RolloutScaler(
-            cfg.rollout.elastic, pools, self.state, cfg.buffer.max_staleness
-        )
         self.scale_plan = ScalePlan(
             {key: getattr(cfg, key).elastic.schedule for key in ("rollout", *RESIZABLE_GROUPS)},
             run_dir,
+            check=live_check(cfg, pools),  # a request the cluster cannot hold is dropped
+        )
+        self.scaler = RolloutScaler(
+            cfg.rollout.elastic,
+            pools,
+            self.state,
+            cfg.buffer.max_staleness,
+            unmet=self.scale_plan.unmet,
         )
         self.recovery = Recovery(
             cfg,

@@ -18,18 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from rlsys.algorithms.recipe import Recipe
-from rlsys.checkpoint import (
-    CheckpointError,
-    CheckpointStore,
-    read_trainer_state,
-    step_of,
-    write_trainer_state,
-)
+from rlsys.checkpoint import CheckpointError, CheckpointStore, step_of, write_trainer_state
 from rlsys.config.schema import TrainConfig
 from rlsys.faults import Restarts, dead_actors, is_actor_failure
 from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
+from rlsys.trainers.rl.saved_state import read_run_state
 from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
 
@@ -144,7 +139,7 @@ class Recovery:
         """Load the checkpoint at ``path`` into the learners and the run state, and put its
         weights in the engines (before the run starts, or after a recovery stopped the
         pipeline)."""
-        saved = read_trainer_state(path)
+        saved = read_run_state(path, self.cfg.trainer.total_steps)  # checked before any use
         self.load_learners(path)
         self.load_state_dict(saved)
         self.pools.sync_weights(self.state.version)

@@ -16,6 +16,7 @@ RUN_DIR rollout=N``: ``scale_requests.py``'s plan, which the controller polls); 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import ray
 
@@ -31,11 +32,18 @@ class RolloutScaler:
     """Resize the rollout pool of the run ``state`` (see the module docstring)."""
 
     def __init__(
-        self, cfg: ElasticConfig, pools: Pools, state: RunState, ahead_steps: int = 0
+        self,
+        cfg: ElasticConfig,
+        pools: Pools,
+        state: RunState,
+        ahead_steps: int = 0,
+        unmet: Callable[[str, str, str], None] | None = None,
     ) -> None:
-        """``ahead_steps``: batches generation may run ahead (``buffer.max_staleness``)."""
-        self.cfg, self.pools, self.state = cfg, pools, state
+        """``ahead_steps``: batches generation may run ahead (``buffer.max_staleness``);
+        ``unmet(pool, source, reason)`` hears of a size given up (``ScalePlan.unmet``)."""
+        self.cfg, self.pools, self.state, self.unmet = cfg, pools, state, unmet
         self.target: int | None = None  # the size asked for; None: as started
+        self._source = ""  # what asked for the target
         self.autoscaler = None
         if cfg.autoscale.enabled:
             self.autoscaler = Autoscaler(cfg.autoscale, ahead_steps)
@@ -49,15 +57,15 @@ class RolloutScaler:
         the pool toward it (one change at a time: a shrink first finishes)."""
         current = len(self.state.pipeline.rollouts)
         if wanted is not None:
-            self.target, source = wanted
+            self.target, self._source = wanted
             self._why = {}
-            log.info("rollout pool: %d workers asked for by %s", self.target, source)
+            log.info("rollout pool: %d workers asked for by %s", self.target, self._source)
             if self.autoscaler is not None:
                 self.autoscaler.restart()
         elif self.autoscaler is not None and metrics is not None:
             decision = self.autoscaler.observe(metrics, current)
             if decision is not None:
-                self.target = decision.target
+                self.target, self._source = decision.target, "autoscale"
                 self._why = {"source": "autoscale", **decision.figures}
                 log.info(
                     "rollout pool: autoscale asks for %d workers (learner idle %.2f, rollout "
@@ -86,15 +94,14 @@ class RolloutScaler:
             try:
                 new = self.pools.rollout.grow(count, timeout_s)
             except ray.exceptions.GetTimeoutError:
-                log.warning(
-                    "rollout pool: %d more workers did not start within "
-                    "rollout.elastic.start_timeout_s=%g s (no room in the cluster?); staying "
-                    "at %d workers",
-                    count,
-                    timeout_s,
-                    current,
+                why = (
+                    f"{count} more workers did not start within rollout.elastic.start_timeout_s"
+                    f"={timeout_s:g} s (no room in the cluster?)"
                 )
+                log.warning("rollout pool: %s; staying at %d workers", why, current)
                 self.target = current
+                if self.unmet is not None:
+                    self.unmet("rollout", self._source, why)
                 return
             with state.pipeline.gate.shut():
                 self.pools.connect_weight_sync()
