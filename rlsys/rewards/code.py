@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from rlsys.config.reward import RewardConfig, SandboxConfig
 from rlsys.rewards.registry import REWARDS
-from rlsys.rewards.sandbox import check_sandbox, run_sandboxed
+from rlsys.rewards.sandbox import OUTPUT_LIMIT, check_sandbox, run_sandboxed
 from rlsys.rewards.scoring import abandoned
 
 # A fenced block: its language tag and body; an unclosed last fence runs to the end.
@@ -62,6 +62,10 @@ def parse_tests(metadata: dict) -> list[tuple[str, str]]:
         ) from exc
 
 
+class OutputCapError(RuntimeError):
+    """A program's stdout passed its cap: its answer cannot be compared."""
+
+
 @REWARDS.register("code_tests")
 @dataclass
 class CodeTests:
@@ -69,7 +73,10 @@ class CodeTests:
 
     After a test runs out of wall time the remaining tests are skipped and count as failed,
     so one call takes about ``reward.sandbox.wall_s`` plus the passing runs at most. A call
-    the scorer gave up on (``reward.timeout_s``) kills its running test and starts no more."""
+    the scorer gave up on (``reward.timeout_s``) kills its running test and starts no more.
+    stdout is kept up to the expected output plus ``OUTPUT_LIMIT`` bytes; a program that
+    exits well having printed more cannot be judged: the call raises ``OutputCapError``
+    (the sample scores 0 with a counted reward error), rather than a silent 0."""
 
     sandbox: SandboxConfig
 
@@ -83,10 +90,17 @@ class CodeTests:
         tests = parse_tests(metadata)
         program = extract_program(completion)
         passed = 0
-        for stdin, expected in tests:
+        for number, (stdin, expected) in enumerate(tests):
             if abandoned():
                 break
-            result = run_sandboxed(program, stdin, self.sandbox)
+            cap = len(expected.encode("utf-8", errors="replace")) + OUTPUT_LIMIT
+            result = run_sandboxed(program, stdin, self.sandbox, cap)
+            if result.ok and result.stdout_truncated:
+                raise OutputCapError(
+                    f"test {number}: the program printed more than the output cap ({cap} "
+                    f"bytes: the expected output + {OUTPUT_LIMIT // 1024} KiB), so its output "
+                    "cannot be judged"
+                )
             if result.ok and _normalized(result.stdout) == _normalized(expected):
                 passed += 1
             if result.timed_out:

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from rlsys.config.reward import SandboxConfig
 
-OUTPUT_LIMIT = 64 * 1024  # bytes of stdout / stderr kept
+OUTPUT_LIMIT = 64 * 1024  # bytes of stderr kept; of stdout by default (``stdout_limit``)
 _UID_BASE = 2_000_000_000  # per-run uids when root: a block no account uses
 _UID_SLOTS = 256  # concurrent runs per machine before runs wait for a free uid
 _NOBODY = 65534  # the shared fallback where such uids cannot be set
@@ -85,14 +85,15 @@ class SandboxResult:
     """The outcome of one sandboxed run; never an exception for bad code."""
 
     returncode: int  # exit status; negative: killed by that signal
-    stdout: str  # the first OUTPUT_LIMIT bytes, decoded with replacement
+    stdout: str  # the first ``stdout_limit`` bytes, decoded with replacement
     stderr: str
     timed_out: bool  # killed after reward.sandbox.wall_s
     # Why it was stopped: wall_time | cpu_time | memory | file_size | signal:NAME | cancelled
     # (its reward call was abandoned) | sandbox_error
     killed_reason: str | None
     duration_s: float
-    truncated: bool = False  # stdout or stderr was longer than OUTPUT_LIMIT
+    truncated: bool = False  # stdout or stderr was longer than its limit
+    stdout_truncated: bool = False  # stdout was: the program's answer is not all there
 
     @property
     def ok(self) -> bool:
@@ -143,11 +144,14 @@ def check_sandbox(cfg: SandboxConfig) -> None:
         )
 
 
-def run_sandboxed(code: str, stdin: str, cfg: SandboxConfig) -> SandboxResult:
-    """Run the Python program ``code`` on ``stdin`` under ``cfg``'s limits; raises only
-    when this machine cannot sandbox as ``cfg`` requires (see ``check_sandbox``)."""
+def run_sandboxed(
+    code: str, stdin: str, cfg: SandboxConfig, stdout_limit: int = OUTPUT_LIMIT
+) -> SandboxResult:
+    """Run the Python program ``code`` on ``stdin`` under ``cfg``'s limits, keeping the first
+    ``stdout_limit`` bytes of its stdout; raises only when this machine cannot sandbox as
+    ``cfg`` requires (see ``check_sandbox``)."""
     check_sandbox(cfg)
-    return _execute(code, stdin, cfg, sandbox_support(), cancellable=True)
+    return _execute(code, stdin, cfg, sandbox_support(), True, stdout_limit)
 
 
 def _probe() -> SandboxSupport:
@@ -168,7 +172,12 @@ def _probe() -> SandboxSupport:
 
 
 def _execute(
-    code: str, stdin: str, cfg: SandboxConfig, support: SandboxSupport, cancellable: bool = False
+    code: str,
+    stdin: str,
+    cfg: SandboxConfig,
+    support: SandboxSupport,
+    cancellable: bool = False,
+    stdout_limit: int = OUTPUT_LIMIT,
 ) -> SandboxResult:
     """One run; ``cancellable``: stop it when its reward call is abandoned (never for the
     probe, whose verdict is cached for the process)."""
@@ -177,7 +186,9 @@ def _execute(
     workdir = tempfile.mkdtemp(prefix="rlsys-sandbox-")
     try:
         with _claim_uid(support.uid_mode) as uid:
-            result = _run_launcher(code, stdin, cfg, support, uid, workdir, io_dir, cancellable)
+            result = _run_launcher(
+                code, stdin, cfg, support, uid, workdir, io_dir, cancellable, stdout_limit
+            )
             if uid is not None and not support.isolated:
                 _kill_uid(uid)  # processes that left the process group
     finally:
@@ -196,6 +207,7 @@ def _run_launcher(
     workdir: str,
     io_dir: str,
     cancellable: bool,
+    stdout_limit: int,
 ) -> SandboxResult:
     """One launcher run, waited for at most ``wall_s``; its files read back."""
     with open(os.path.join(workdir, "prog.py"), "w", encoding="utf-8", errors="replace") as f:
@@ -243,8 +255,8 @@ def _run_launcher(
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     setup_error, status, exceeded = _read_report(status_r)
-    stdout, cut_out = _read_head(paths["stdout"])
-    stderr, cut_err = _read_head(paths["stderr"])
+    stdout, cut_out = _read_head(paths["stdout"], stdout_limit)
+    stderr, cut_err = _read_head(paths["stderr"], OUTPUT_LIMIT)
     # Init (PID 1) cannot die of the program's signal, so it reports the wait status.
     rc = os.waitstatus_to_exitcode(status) if status is not None else proc.returncode
     if timed_out:
@@ -255,7 +267,7 @@ def _run_launcher(
         reason = "cancelled"
     else:
         reason = exceeded or _killed_reason(rc, timed_out, bool(setup_error))
-    return SandboxResult(rc, stdout, stderr, timed_out, reason, 0.0, cut_out or cut_err)
+    return SandboxResult(rc, stdout, stderr, timed_out, reason, 0.0, cut_out or cut_err, cut_out)
 
 
 def _launch_spec(
@@ -371,10 +383,10 @@ def _killed_reason(rc: int, timed_out: bool, setup_failed: bool) -> str | None:
     return None
 
 
-def _read_head(path: str) -> tuple[str, bool]:
+def _read_head(path: str, limit: int) -> tuple[str, bool]:
     with open(path, "rb") as f:
-        data = f.read(OUTPUT_LIMIT + 1)
-    return data[:OUTPUT_LIMIT].decode("utf-8", errors="replace"), len(data) > OUTPUT_LIMIT
+        data = f.read(limit + 1)
+    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
 
 
 @contextlib.contextmanager

@@ -7,8 +7,15 @@ from dataclasses import dataclass
 
 from rlsys.config.reward import RewardConfig
 from rlsys.rewards.registry import RewardFn, build_reward
-from rlsys.rewards.scoring import RewardCall, RewardOutcome, outcome_of, score_many
-from rlsys.rewards.user import load_user_reward
+from rlsys.rewards.scoring import (
+    RewardCall,
+    RewardOutcome,
+    finite_total,
+    outcome_of,
+    score_many,
+    short_text,
+)
+from rlsys.rewards.user_process import UserRewardProcess
 
 Item = tuple[str, str, dict]  # (prompt, completion, metadata)
 
@@ -30,8 +37,12 @@ def verifier_name(task_reward: str, cfg: RewardConfig) -> str:
 
 
 def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Component]:
-    """The rule-based components ``cfg`` asks for (reward models are added by their pool)."""
-    verifier = load_user_reward(cfg.fn) if cfg.fn else build_reward(task_reward, cfg)
+    """The rule-based components ``cfg`` asks for (reward models are added by their pool); a
+    user reward runs in a child process of its own, the built-in ones in this process."""
+    if cfg.fn:
+        verifier = UserRewardProcess(cfg.fn, cfg.timeout_s)
+    else:
+        verifier = build_reward(task_reward, cfg)
     components = [Component(verifier_name(task_reward, cfg), verifier, cfg.weight, True)]
     for name, weight in cfg.extra.items():
         components.append(
@@ -69,11 +80,13 @@ class RewardScorer:
                 if part.error is not None:
                     outcome.errors += 1
                     outcome.error = outcome.error or f"{component.name}: {part.error}"
-        return outcomes
+        return [finite_total(outcome) for outcome in outcomes]
 
     def _score_component(self, component: Component, items: list[Item]) -> list[RewardOutcome]:
         if not items:
             return []
+        if isinstance(component.fn, UserRewardProcess):
+            return component.fn.score_many(items, self.timeout_s, self.concurrency)
         if not hasattr(component.fn, "score_batch"):
             return score_many(component.fn, items, self.timeout_s, self.concurrency)
         # a batch scorer (a reward model): one call per chunk of its batch size, each with
@@ -94,14 +107,27 @@ class RewardScorer:
         call.join(self.timeout_s)
         if call.is_alive():
             call.abandon()
-        if call.is_alive() or call.exc is not None or len(call.result or ()) != len(items):
-            why = (
-                f"timeout after {self.timeout_s}s"
-                if call.is_alive()
-                else repr(call.exc or f"{len(call.result or ())} scores for {len(items)} items")
-            )
-            return [RewardOutcome(0.0, False, why) for _ in items]
-        return [outcome_of(r) for r in call.result]
+        if call.is_alive():
+            why = f"timeout after {self.timeout_s}s"
+        elif call.exc is not None:
+            why = f"{type(call.exc).__name__}: {short_text(call.exc, str, 1000)}"
+        else:
+            scores = _batch_scores(call.result, len(items))
+            if isinstance(scores, list):
+                return [outcome_of(score) for score in scores]
+            why = scores
+        return [RewardOutcome(0.0, False, why) for _ in items]
+
+
+def _batch_scores(result, count: int) -> list | str:
+    """``score_batch``'s result as a list of ``count`` scores, else why it is not one."""
+    try:
+        scores = list(result)
+    except Exception:  # noqa: BLE001 - whatever it returned, scoring goes on
+        return f"score_batch returned {short_text(result)}, not a list of scores"
+    if len(scores) != count:
+        return f"{len(scores)} scores for {count} items"
+    return scores
 
 
 def merge(*parts: list[RewardOutcome]) -> list[RewardOutcome]:
@@ -116,5 +142,5 @@ def merge(*parts: list[RewardOutcome]) -> list[RewardOutcome]:
             total.components.update(part.components)
             total.errors += part.errors
             total.error = total.error or part.error
-        out.append(total)
+        out.append(finite_total(total))
     return out

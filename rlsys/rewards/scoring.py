@@ -84,16 +84,45 @@ class RewardCall(threading.Thread):
 
 
 def outcome_of(result) -> RewardOutcome:
-    """A reward function's return value as an outcome (not a number: 0 and an error)."""
+    """A reward function's return value as an outcome: a finite number (an int too big for a
+    float is not one), or a dict with such a ``reward`` and optionally a boolean or numeric
+    ``correct``; anything else scores 0 with an error (never raises)."""
     try:
-        reward = float(result["reward"] if isinstance(result, dict) else result)
-    except (KeyError, TypeError, ValueError) as exc:
-        return RewardOutcome(0.0, False, f"reward {result!r} is not a number: {exc}")
-    if not math.isfinite(reward):
-        return RewardOutcome(0.0, False, f"non-finite reward {reward!r}")
-    if isinstance(result, dict):
-        return RewardOutcome(reward, bool(result.get("correct", reward >= 1.0)))
+        reward = _finite(result["reward"] if isinstance(result, dict) else result)
+        if isinstance(result, dict) and result.get("correct") is not None:
+            return RewardOutcome(reward, bool(_finite(result["correct"])))
+    except Exception as exc:  # noqa: BLE001 - any return value must not stop scoring
+        return RewardOutcome(
+            0.0, False, f"reward {short_text(result)} refused: {short_text(exc, str)}"
+        )
     return RewardOutcome(reward, reward >= 1.0)
+
+
+def _finite(value) -> float:
+    """``value`` as a finite float; text, overflowing ints, inf and nan raise."""
+    if isinstance(value, str | bytes):
+        raise TypeError(f"{type(value).__name__} is not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{number!r} is not finite")
+    return number
+
+
+def short_text(value, text=repr, limit: int = 200) -> str:
+    """``text(value)`` cut to ``limit`` characters (an int too long to print gives its type)."""
+    try:
+        out = text(value)
+    except Exception:  # noqa: BLE001 - e.g. ValueError: an int past sys.get_int_max_str_digits
+        return f"<{type(value).__name__}>"
+    return out if len(out) <= limit else f"{out[:limit]}..."
+
+
+def finite_total(outcome: RewardOutcome) -> RewardOutcome:
+    """``outcome``, its reward set to 0 with one more error if the weighted sum overflowed."""
+    if not math.isfinite(outcome.reward):
+        outcome.error = outcome.error or f"the weighted total {outcome.reward} is not finite"
+        outcome.reward, outcome.correct, outcome.errors = 0.0, False, outcome.errors + 1
+    return outcome
 
 
 def score_many(
@@ -117,8 +146,8 @@ def score_many(
                 outcomes.append(RewardOutcome(0.0, False, f"timeout after {timeout_s}s"))
             elif call.exc is not None:
                 log.debug("reward function failed: %r", call.exc)
-                exc = call.exc
-                outcomes.append(RewardOutcome(0.0, False, f"{type(exc).__name__}: {exc}"))
+                why = f"{type(call.exc).__name__}: {short_text(call.exc, str, 1000)}"
+                outcomes.append(RewardOutcome(0.0, False, why))
             else:
                 outcomes.append(outcome_of(call.result))
     return outcomes

@@ -1,12 +1,12 @@
 """User reward functions loaded from a Python file: ``reward.fn=path/to/file.py:function``.
 
-They run on the scorer's threads (``reward.num_workers=0``, the default) or on reward worker
-actors. On threads, an exception, ``sys.exit`` or a timeout scores the sample 0 and counts an
-error (``rlsys.rewards.scoring``), and so does ``os._exit``: once a user reward is loaded,
-``os._exit`` called on a reward thread raises ``RewardExit`` there instead of ending the
-trainer. What cannot be caught in-process (a segfault in C code) ends the run with a Python
-traceback of every thread (``faulthandler``) naming the function; run such code on reward
-workers (``reward.num_workers`` >= 1), where a dead worker is replaced and its batch scores 0.
+The scorer runs them in a child process of its own (``rlsys.rewards.user_process``), which
+loads them with ``load_user_reward`` and calls them on its threads (``rlsys.rewards.scoring``):
+an exception, ``sys.exit`` or a timeout scores the sample 0 and counts an error, and so does
+``os._exit``: once a user reward is loaded, ``os._exit`` called on a reward thread raises
+``RewardExit`` there instead of ending the process (the child is not restarted for it). What
+cannot be caught in-process (``posix._exit``, a segfault in C code) ends only the child,
+after ``faulthandler`` prints every thread's traceback; the parent scores that sample 0.
 """
 
 from __future__ import annotations

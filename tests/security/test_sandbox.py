@@ -214,7 +214,8 @@ def test_huge_files_and_output_are_bounded(reward, monkeypatch):
     )
     assert "File too large" in result.stderr, result  # Python ignores SIGXFSZ: EFBIG
     result = _contained(reward, "while True:\n    print('x' * 1000)", monkeypatch)
-    assert result.truncated and len(result.stdout) <= OUTPUT_LIMIT
+    # stdout is kept up to the expected output plus OUTPUT_LIMIT
+    assert result.stdout_truncated and len(result.stdout) <= len("PWNED") + OUTPUT_LIMIT
 
 
 def test_privileges_are_dropped(reward, monkeypatch):
@@ -287,3 +288,35 @@ def test_sandbox_still_works_concurrently_after_the_attacks(good_reward):
     with ThreadPoolExecutor(8) as pool:
         scores = list(pool.map(lambda _: good_reward("p", completion, {"tests": ADD}), range(8)))
     assert scores == [{"reward": 1.0, "correct": True}] * 8
+
+
+# ---- output over the cap (issue 47) --------------------------------------------------
+
+COUNT_TO = 30_000  # its output, one number a line, is about 160 KiB: past the 64 KiB cap
+COUNT_PROGRAM = f"print('\\n'.join(str(i) for i in range({COUNT_TO})))"
+
+
+def test_output_over_the_cap_is_a_counted_error_not_a_silent_zero(good_reward):
+    """The cap grows with the expected output, so a correct program that prints more than
+    64 KiB passes; output past the cap cannot be judged: the sample scores 0 and counts a
+    reward error (``rollout/reward_errors``)."""
+    from rlsys.rewards.scorer import Component, RewardScorer
+
+    expected = "\n".join(str(i) for i in range(COUNT_TO)) + "\n"
+    scorer = RewardScorer([Component("code_tests", good_reward, 1.0, True)], timeout_s=120.0)
+    right, spam = scorer.score(
+        [
+            ("p", COUNT_PROGRAM, {"tests": [{"input": "", "output": expected}]}),
+            ("p", COUNT_PROGRAM, {"tests": [{"input": "", "output": "0\n"}]}),
+        ]
+    )
+    assert (right.reward, right.correct, right.errors) == (1.0, True, 0), right
+    assert (spam.reward, spam.errors) == (0.0, 1) and "output cap" in spam.error, spam
+
+
+def test_a_correct_program_with_much_on_stderr_still_passes(good_reward):
+    program = "import sys\nsys.stderr.write('debug ' * 40_000)\nprint(3)"
+    assert good_reward("p", program, {"tests": [{"input": "", "output": "3"}]}) == {
+        "reward": 1.0,
+        "correct": True,
+    }

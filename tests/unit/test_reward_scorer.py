@@ -30,6 +30,9 @@ async def slow_async(prompt, completion, metadata):
 def hangs(prompt, completion, metadata):
     if completion == "hang":  # sleeps: a spinning thread would hold the GIL of the tests
         time.sleep(3600)
+    if completion == "die":  # os._exit under another name
+        import posix
+        posix._exit(3)
     return 1.0
 
 def wrong_arity(x):
@@ -167,5 +170,9 @@ def test_reward_pool_scores_in_batches_and_replaces_a_stuck_worker(ray_cpu, user
         assert [o.reward for o in outs] == [0.0, 0.0, 1.0, 1.0] and pool.replaced == 1
         assert "reward worker 0" in outs[0].error and outs[0].errors == 1
         assert [o.reward for o in pool.score([("p", "ok", {})] * 4)] == [1.0] * 4
+        # a user reward that ends its process takes neither its worker nor its batch-mates
+        outs = pool.score([("p", "die", {}), ("p", "ok", {})])
+        assert [(o.reward, o.errors) for o in outs] == [(0.0, 1), (1.0, 0)], outs
+        assert "exit status 3" in outs[0].error and pool.replaced == 1
     finally:
         pool.shutdown()
