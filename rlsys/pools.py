@@ -54,6 +54,9 @@ class Pools:
         world_size = 1 + len(self.rollout.workers)
         rank0 = self.learner.workers[0]
         address = ray.get(rank0.sync_address.remote())
+        if set(self.rollout.node_ids()) <= {ray.get(rank0.node_id.remote())}:
+            # every member on rank 0's node: its store listens on loopback only
+            address = dataclasses.replace(address, host="127.0.0.1")
         get_all(
             [
                 rank0.connect_weight_sync.remote(self.transport, world_size, address),

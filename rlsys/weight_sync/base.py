@@ -42,10 +42,12 @@ class WeightUpdate:
 
 @dataclass(frozen=True)
 class SyncAddress:
-    """Where rank 0 of the sync group hosts its rendezvous."""
+    """Where rank 0 of the sync group hosts its rendezvous, and the run's secret a member
+    proves it holds to join (it travels to the members through Ray, never the store)."""
 
     host: str
     port: int
+    token: str = ""  # empty: no proof asked (tests that form a group by hand)
 
 
 class WeightTransport(Protocol):

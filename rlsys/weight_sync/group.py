@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
+import hmac
 import os
-import pickle
+import secrets
 import socket
 import sys
 
 import torch
 import torch.distributed as dist
 
+from rlsys.weight_sync import wire
 from rlsys.weight_sync.base import SyncAddress
 
 HEADER_BYTES = 16384  # control-message frame: a bucket header of a few hundred tensors fits
@@ -23,13 +26,28 @@ GLOO_DEVICES = 2  # parallel TCP pairs per peer: 3.3 -> 4.1 GB/s for 64 MiB broa
 
 
 def free_address() -> SyncAddress:
-    """This node's IP and a free port for rank 0 to host the group's store."""
+    """This node's IP, a free port for rank 0 to host the group's store, and a fresh token
+    the members prove they hold (``SyncGroup``)."""
     import ray
 
     with socket.socket() as sock:
         sock.bind(("", 0))
         port = sock.getsockname()[1]
-    return SyncAddress(ray.util.get_node_ip_address(), port)
+    return SyncAddress(ray.util.get_node_ip_address(), port, secrets.token_hex(16))
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host`` only (TCPStore would listen on every interface)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return sock
+
+
+def _proof(token: str, nonce: str, rank: int) -> str:
+    return hmac.new(token.encode(), f"{nonce}:{rank}".encode(), hashlib.sha256).hexdigest()
 
 
 def _node_key() -> str:
@@ -81,9 +99,17 @@ class SyncGroup:
         self.timeout_s = timeout_s
         self._gathers = 0  # all_gather_object calls so far (each uses fresh store keys)
         self.device = torch.device(device)
+        self._listener = _listening_socket(address.host, address.port) if rank == 0 else None
         self.store = dist.TCPStore(
-            address.host, address.port, world_size, rank == 0, timeout=timeout
+            address.host,
+            address.port,
+            world_size,
+            rank == 0,
+            timeout=timeout,
+            master_listen_fd=self._listener.fileno() if self._listener is not None else None,
         )
+        if address.token:
+            self._authenticate(address.token)
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._devices = _gloo_devices(GLOO_DEVICES)
@@ -98,17 +124,46 @@ class SyncGroup:
             )
         self.nodes = self.all_gather_object(_node_key())
 
+    def _authenticate(self, token: str) -> None:
+        """Every member proves it holds the run's token before anything else is exchanged:
+        rank 0 posts a nonce, each rank answers with an HMAC of it, rank 0 checks them all
+        and lets the group go on. A process that reached the store's port without the token
+        makes the group fail here, naming the rank it took."""
+        if self.rank == 0:
+            nonce = secrets.token_hex(16)
+            self.store.set("auth/nonce", nonce)
+            for rank in range(1, self.world_size):
+                proof = self.store.get(f"auth/{rank}").decode(errors="replace")
+                if not hmac.compare_digest(proof, _proof(token, nonce, rank)):
+                    self.store.set("auth/verdict", "refused")
+                    raise PermissionError(
+                        f"a process without this run's token joined the weight-sync group as "
+                        f"rank {rank} (at the store's port, from outside the run); the sync "
+                        "group is not formed. Keep the cluster's ports unreachable from other "
+                        "users, or restart the run"
+                    )
+            self.store.set("auth/verdict", "ok")
+        else:
+            nonce = self.store.get("auth/nonce").decode()
+            self.store.set(f"auth/{self.rank}", _proof(token, nonce, self.rank))
+            if self.store.get("auth/verdict") != b"ok":
+                raise PermissionError(
+                    "learner rank 0 refused the weight-sync group (a member without the run's "
+                    "token joined)"
+                )
+
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
         """Start broadcasting ``tensor`` from rank 0 (in place on receivers)."""
         group = self.nccl if tensor.is_cuda else self.gloo
         return group.broadcast([tensor], dist.BroadcastOptions())
 
     def broadcast_object(self, obj=None):
-        """Rank 0's ``obj`` on every rank (small control messages): one broadcast of a
-        fixed-size frame (8-byte length + pickle), a second only for what does not fit."""
+        """Rank 0's ``obj`` on every rank (small control messages, ``wire``'s fixed format):
+        one broadcast of a fixed-size frame (8-byte length + message), a second only for what
+        does not fit."""
         frame = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
         if self.rank == 0:
-            data = pickle.dumps(obj)
+            data = wire.encode(obj)
             frame[:8] = torch.frombuffer(
                 bytearray(len(data).to_bytes(8, "little")), dtype=torch.uint8
             )
@@ -126,14 +181,14 @@ class SyncGroup:
                 data = frame[8:].numpy().tobytes() + rest.numpy().tobytes()
         elif self.rank != 0:
             data = frame[8 : 8 + size].numpy().tobytes()
-        return obj if self.rank == 0 else pickle.loads(data)
+        return obj if self.rank == 0 else wire.decode(data)
 
     def all_gather_object(self, obj) -> list:
         """Every rank's ``obj``, in rank order (through the store: setup-time only)."""
         self._gathers += 1
         key = f"gather{self._gathers}"
-        self.store.set(f"{key}/{self.rank}", pickle.dumps(obj))
-        return [pickle.loads(self.store.get(f"{key}/{r}")) for r in range(self.world_size)]
+        self.store.set(f"{key}/{self.rank}", wire.encode(obj))
+        return [wire.decode(self.store.get(f"{key}/{r}")) for r in range(self.world_size)]
 
     @property
     def same_node(self) -> bool:
@@ -145,3 +200,5 @@ class SyncGroup:
             if group is not None and hasattr(group, "shutdown"):
                 with contextlib.suppress(Exception):  # best effort at teardown
                     group.shutdown()
+        if self._listener is not None:
+            self._listener.close()

@@ -73,6 +73,17 @@ class BroadcastPlane:
         self.buffers = [None] * SLOTS
 
 
+SLOT_PREFIX = "/dev/shm/rlsys-weights-"
+
+
+def _slot_path(path) -> str:
+    """A slot or control file a header names: only rlsys's own files in /dev/shm are mapped
+    (a receiver maps and may extend what it is told)."""
+    if not isinstance(path, str) or not path.startswith(SLOT_PREFIX) or "/" in path[9:]:
+        raise ValueError(f"weight-sync header names {path!r}, not a slot file of rlsys's")
+    return path
+
+
 class SharedMemoryPlane(BroadcastPlane):
     """Slots are /dev/shm files every member maps. Receivers acknowledge a slot by bumping their
     counter in a shared control array, which the sender reads before refilling that slot: no
@@ -80,7 +91,7 @@ class SharedMemoryPlane(BroadcastPlane):
 
     def __init__(self, group: SyncGroup, device: torch.device) -> None:
         super().__init__(group, device)
-        self.prefix = f"/dev/shm/rlsys-weights-{uuid.uuid4().hex[:12]}"
+        self.prefix = f"{SLOT_PREFIX}{uuid.uuid4().hex[:12]}"
         self.paths: list[str | None] = [None] * SLOTS
         self.generation = 0
         self.posted = [0] * SLOTS  # sender: buckets put in each slot so far
@@ -132,13 +143,13 @@ class SharedMemoryPlane(BroadcastPlane):
     def _attach(self, description: dict) -> None:
         """Receiver: map the sender's release counters (once)."""
         if self.ctl is None:
-            self.ctl_path = description["ctl"]
+            self.ctl_path = _slot_path(description["ctl"])
             self.ctl = self._map_ctl(self.ctl_path)
 
     def receive(self, slot: int, nbytes: int, description: dict) -> torch.Tensor:
         self._attach(description)
         if self.paths[slot] != description["path"]:
-            self.paths[slot] = description["path"]
+            self.paths[slot] = _slot_path(description["path"])
             self.buffers[slot] = self._map(description["path"], description["size"])
         return self.buffers[slot][:nbytes]
 
@@ -169,7 +180,7 @@ class CudaIpcPlane(SharedMemoryPlane):
         self.handles: list[Any] = [None] * SLOTS
 
     def acquire(self, slot: int, nbytes: int) -> torch.Tensor:
-        from torch.multiprocessing.reductions import reduce_tensor
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
         self.wait(slot)
         buf = self.buffers[slot]
@@ -177,7 +188,10 @@ class CudaIpcPlane(SharedMemoryPlane):
             self.generation += 1
             buf = self.buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             self.paths[slot] = f"{self.prefix}-{slot}-{self.generation}"
-            self.handles[slot] = reduce_tensor(buf)
+            rebuild, args = reduce_tensor(buf)
+            if rebuild is not rebuild_cuda_tensor:
+                raise RuntimeError(f"a CUDA buffer reduced to {rebuild!r}, not a CUDA IPC handle")
+            self.handles[slot] = args  # the handle's fields; receivers rebuild with the same
         return buf[:nbytes]
 
     def describe(self, slot: int) -> dict:
@@ -206,9 +220,11 @@ class CudaIpcPlane(SharedMemoryPlane):
                     f"{description['gpu']}; use placement=colocated or "
                     "weight_sync.transport=collective"
                 )
-            rebuild, args = description["ipc"]
+            from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
             self.paths[slot] = description["path"]
-            self.buffers[slot] = rebuild(*args)
+            # the handle's fields (wire.py's fixed format); the rebuild is always CUDA IPC's
+            self.buffers[slot] = rebuild_cuda_tensor(*description["ipc"])
         return self.buffers[slot][:nbytes]
 
     def _unlink(self, slot: int) -> None:

@@ -20,6 +20,7 @@ from rlsys.weight_sync import TRANSPORTS
 from rlsys.weight_sync.base import SyncAddress, WeightUpdate, bucket_bytes, bucketize
 
 LIMIT = 4096  # bytes per bucket
+TOKEN = "this-runs-secret"  # what every member of a sync group proves it holds
 
 
 def _port() -> int:
@@ -60,7 +61,7 @@ def _member(rank, world, port, plane, versions, out):
             transport=name, cpu_data_plane="auto" if device == "cuda" else plane, timeout_s=60
         )
     )
-    transport.connect(rank, world, SyncAddress("127.0.0.1", port), device)
+    transport.connect(rank, world, SyncAddress("127.0.0.1", port, TOKEN), device)
     # control messages larger than one frame take a second broadcast
     big = transport.group.broadcast_object(list(range(20000)) if rank == 0 else None)
     seen = [big == list(range(20000))]
@@ -135,3 +136,115 @@ def test_a_missing_gloo_interface_is_named_with_the_fix(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuchif0")
     with pytest.raises(RuntimeError, match=r"GLOO_SOCKET_IFNAME='nosuchif0'.*ip addr"):
         _gloo_devices(2)
+
+
+class _Exploit:
+    """Unpickling this runs code: what a peer could send while the group spoke pickle."""
+
+    def __reduce__(self):
+        return (open, ("/tmp/rlsys-weight-sync-pwned", "w"))
+
+
+def _sender(port, out):
+    """Rank 0 of a two-member group, with the run's token."""
+    from rlsys.weight_sync.group import SyncGroup
+
+    try:
+        SyncGroup(0, 2, SyncAddress("127.0.0.1", port, TOKEN), "cpu", timeout_s=30)
+        out["sender"] = "formed"
+    except PermissionError as exc:
+        out["sender"] = f"refused: {exc}"
+
+
+def _intruder(port, out):
+    """A process that reached the store's port without the token: joins as rank 1, answers
+    the nonce with a guess and offers a pickle that runs code when loaded."""
+    import datetime
+    import pickle
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=30))
+    store.get("auth/nonce")
+    store.set("auth/1", "a guess")
+    store.set("gather1/1", pickle.dumps(_Exploit()))
+    out["intruder"] = store.get("auth/verdict").decode()
+
+
+def test_a_process_without_the_token_cannot_join_or_run_code_in_the_sender(tmp_path):
+    """The sync group's store listens where it is told (loopback here), a member must prove
+    it holds the run's token, and messages are wire.py's fixed format: a foreign process that
+    joined as rank 1 made rank 0 unpickle (and run) what it sent, before."""
+    import os
+
+    import psutil
+
+    from rlsys.weight_sync import wire
+
+    pwned = "/tmp/rlsys-weight-sync-pwned"
+    if os.path.exists(pwned):
+        os.unlink(pwned)
+    port = _port()
+    out = mp.Manager().dict()
+    ctx = mp.get_context("spawn")
+    sender = ctx.Process(target=_sender, args=(port, out))
+    sender.start()
+    listening = []
+    for _ in range(100):  # the store's socket, once rank 0 made it
+        listening = [
+            c.laddr.ip
+            for c in psutil.net_connections("tcp")
+            if c.status == "LISTEN" and c.laddr.port == port
+        ]
+        if listening:
+            break
+        sender.join(0.1)
+    intruder = ctx.Process(target=_intruder, args=(port, out))
+    intruder.start()
+    sender.join(60)
+    intruder.join(60)
+    assert listening == ["127.0.0.1"]  # not every interface
+    assert out["sender"].startswith("refused: a process without this run's token joined")
+    assert "as rank 1" in out["sender"] and out["intruder"] == "refused"
+    assert not os.path.exists(pwned)
+    import pickle
+
+    with pytest.raises(wire.WireError, match="not JSON"):
+        wire.decode(pickle.dumps(_Exploit()))
+    assert not os.path.exists(pwned)
+
+
+def test_control_messages_round_trip_in_the_fixed_format():
+    """Headers, shared-memory descriptions and a CUDA IPC handle's fields (as reduce_tensor
+    gives them on a GPU) encode and decode exactly; other types are refused."""
+    from rlsys.weight_sync import wire
+    from rlsys.weight_sync.base import layout
+
+    slices, nbytes = layout(_state(1))
+    header = {"version": 3, "slot": 1, "nbytes": nbytes, "slices": slices}
+    header["plane"] = {"path": "/dev/shm/rlsys-weights-ab-1-1", "size": 4096, "ctl": None}
+    assert wire.decode(wire.encode(header)) == header
+    ipc = (  # reduce_tensor's CUDA fields: classes, sizes, dtype, device, handles, flags
+        torch.Tensor,
+        torch.Size([4096]),
+        (1,),
+        0,
+        torch.storage.TypedStorage,
+        torch.uint8,
+        0,
+        b"\x01\x02handle",
+        4096,
+        0,
+        False,
+        b"refcounter",
+        8,
+        b"event",
+        True,
+    )
+    assert wire.decode(wire.encode({"ipc": ipc})) == {"ipc": ipc}
+    with pytest.raises(wire.WireError, match="cannot travel"):
+        wire.encode({"f": open})
+    with pytest.raises(wire.WireError, match="unknown tag"):
+        wire.decode(b'{"__reduce__": ["os.system", ["true"]]}')
+    with pytest.raises(wire.WireError, match="__class__"):
+        wire.decode(b'{"__class__": "Popen"}')
