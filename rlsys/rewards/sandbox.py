@@ -38,6 +38,7 @@ import glob
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -63,6 +64,7 @@ _UID_BASE = 2_000_000_000  # per-run uids when root: a block no account uses
 _UID_SLOTS = 256  # concurrent runs per machine before runs wait for a free uid
 _NOBODY = 65534  # the shared fallback where such uids cannot be set
 _CANCEL_POLL_S = 0.05  # how often a waiting run checks whether its reward call was abandoned
+_READ_CHUNK = 1 << 20  # bytes asked of an output pipe per read (it returns what it holds)
 _LAUNCHER = str(Path(__file__).absolute().with_name("sandbox_launcher.py"))  # child side
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _PACKAGE_DIRS = ("site-packages", "dist-packages")  # masked inside the jail
@@ -182,7 +184,7 @@ def _execute(
     """One run; ``cancellable``: stop it when its reward call is abandoned (never for the
     probe, whose verdict is cached for the process)."""
     start = time.monotonic()
-    io_dir = tempfile.mkdtemp(prefix="rlsys-sandbox-io-")  # parent-only: stdin/out/err
+    io_dir = tempfile.mkdtemp(prefix="rlsys-sandbox-io-")  # parent-only: the stdin file
     workdir = tempfile.mkdtemp(prefix="rlsys-sandbox-")
     try:
         with _claim_uid(support.uid_mode) as uid:
@@ -209,65 +211,137 @@ def _run_launcher(
     cancellable: bool,
     stdout_limit: int,
 ) -> SandboxResult:
-    """One launcher run, waited for at most ``wall_s``; its files read back."""
+    """One launcher run, waited for at most ``wall_s``, its stdout and stderr read as it goes."""
     with open(os.path.join(workdir, "prog.py"), "w", encoding="utf-8", errors="replace") as f:
         f.write(code)
     os.chmod(os.path.join(workdir, "prog.py"), 0o644)
     if uid is not None:
         os.chown(workdir, uid, uid)
-    paths = {name: os.path.join(io_dir, name) for name in ("stdin", "stdout", "stderr")}
-    with open(paths["stdin"], "w", encoding="utf-8", errors="replace") as f:
+    stdin_path = os.path.join(io_dir, "stdin")  # read-only to the program: it cannot grow it
+    with open(stdin_path, "w", encoding="utf-8", errors="replace") as f:
         f.write(stdin)
-    status_r, status_w = os.pipe()
+    # Pipes, never host files: a file would let the program hold host disk (fallocate skips
+    # RLIMIT_FSIZE) and would be read only after the run.
+    (out_r, out_w), (err_r, err_w), (status_r, status_w) = os.pipe(), os.pipe(), os.pipe()
     start = time.monotonic()
     spec = _launch_spec(cfg, support, uid, workdir, status_w)
     timed_out = False
     try:
-        with (
-            open(paths["stdin"], "rb") as fin,
-            open(paths["stdout"], "wb") as fout,
-            open(paths["stderr"], "wb") as ferr,
-        ):
+        with open(stdin_path, "rb") as fin:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", _LAUNCHER, json.dumps(spec)],
                 stdin=fin,
-                stdout=fout,
-                stderr=ferr,
+                stdout=out_w,
+                stderr=err_w,
                 env={"PATH": _PATH, "LC_ALL": "C.UTF-8"},
                 pass_fds=(status_w,),
                 start_new_session=True,
             )
     except OSError as exc:
-        os.close(status_r)
+        for fd in (out_r, err_r, status_r):
+            os.close(fd)
         return SandboxResult(-1, "", f"cannot start the sandbox: {exc}", False, "sandbox_error", 0)
     finally:
-        os.close(status_w)
-    deadline = start + cfg.wall_s
-    while proc.poll() is None and not timed_out and not (cancellable and abandoned()):
-        try:
-            proc.wait(timeout=min(_CANCEL_POLL_S, max(0.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
+        for fd in (out_w, err_w, status_w):
+            os.close(fd)
+    stdout, stderr = _Capture(out_r, stdout_limit), _Capture(err_r, OUTPUT_LIMIT)
+    try:
+        deadline = start + cfg.wall_s
+        exited = _exit_watch(proc)
+        while proc.poll() is None and not timed_out and not (cancellable and abandoned()):
+            _read_output([stdout, stderr], exited, min(_CANCEL_POLL_S, deadline - time.monotonic()))
             timed_out = time.monotonic() >= deadline
-    cancelled = proc.returncode is None and not timed_out
-    # The launcher's session (init takes the rest of the sandbox with it). Once the launcher
-    # is reaped its id stays reserved as a process group id while any member lives.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+        cancelled = proc.returncode is None and not timed_out
+        # The launcher's session (init takes the rest of the sandbox with it). Once the
+        # launcher is reaped its id stays reserved as a process group id while any member lives.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for capture in (stdout, stderr):
+            capture.drain()
+    finally:
+        for fd in (stdout.fd, stderr.fd, *([exited] if exited is not None else [])):
+            os.close(fd)
     setup_error, status, exceeded = _read_report(status_r)
-    stdout, cut_out = _read_head(paths["stdout"], stdout_limit)
-    stderr, cut_err = _read_head(paths["stderr"], OUTPUT_LIMIT)
     # Init (PID 1) cannot die of the program's signal, so it reports the wait status.
     rc = os.waitstatus_to_exitcode(status) if status is not None else proc.returncode
     if timed_out:
         rc = proc.returncode
+    err_text = stderr.text()
     if setup_error:
-        stderr = f"sandbox setup failed: {setup_error}\n{stderr}"
+        err_text = f"sandbox setup failed: {setup_error}\n{err_text}"
     if cancelled:
         reason = "cancelled"
     else:
         reason = exceeded or _killed_reason(rc, timed_out, bool(setup_error))
-    return SandboxResult(rc, stdout, stderr, timed_out, reason, 0.0, cut_out or cut_err, cut_out)
+    return SandboxResult(
+        rc,
+        stdout.text(),
+        err_text,
+        timed_out,
+        reason,
+        0.0,
+        stdout.cut or stderr.cut,
+        stdout.cut,
+    )
+
+
+class _Capture:
+    """One output pipe: its first ``limit`` bytes kept, the rest read and dropped (so that the
+    program never blocks on a full pipe), ``cut`` set when there was more."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd, self.limit = fd, limit
+        self.data = bytearray()
+        self.cut = False
+        self.open = True
+        os.set_blocking(fd, False)
+
+    def read(self) -> None:
+        """Read what the pipe holds now (at most one pipe's worth)."""
+        try:
+            chunk = os.read(self.fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        self.open = bool(chunk)
+        room = self.limit - len(self.data)
+        self.data += chunk[: max(0, room)]
+        self.cut = self.cut or len(chunk) > room
+
+    def drain(self) -> None:
+        """After the run: what is left in the pipe, up to the limit (a process that outlived
+        the run, unjailed, may write for ever)."""
+        while self.open and not self.cut:
+            before = len(self.data)
+            self.read()
+            if len(self.data) == before:
+                return
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+def _exit_watch(proc: subprocess.Popen) -> int | None:
+    """A descriptor readable once ``proc`` exits (None where pidfds are missing: then
+    ``_read_output`` wakes every _CANCEL_POLL_S)."""
+    try:
+        return os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _read_output(captures: list[_Capture], exited: int | None, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for output or the launcher's exit; read what came."""
+    poller = select.poll()
+    for capture in captures:
+        if capture.open:
+            poller.register(capture.fd, select.POLLIN)
+    if exited is not None:
+        poller.register(exited, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(max(0.0, timeout_s) * 1000)}
+    for capture in captures:
+        if capture.fd in ready:
+            capture.read()
 
 
 def _launch_spec(
@@ -381,12 +455,6 @@ def _killed_reason(rc: int, timed_out: bool, setup_failed: bool) -> str | None:
         except ValueError:
             return f"signal:{-rc}"
     return None
-
-
-def _read_head(path: str, limit: int) -> tuple[str, bool]:
-    with open(path, "rb") as f:
-        data = f.read(limit + 1)
-    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
 
 
 @contextlib.contextmanager

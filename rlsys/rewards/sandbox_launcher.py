@@ -43,6 +43,7 @@ import resource
 import select
 import signal
 import sys
+import time
 
 WORK_MOUNT = "/tmp/work"  # the program's directory inside the jail (a tmpfs of disk_mb)
 JAIL_ROOT = "/tmp"  # the host directory the jail's root tmpfs is built over
@@ -52,7 +53,19 @@ _POLL_S = 0.01  # how often init adds up the sandbox's memory and CPU time
 _FILES_EVERY = 10  # polls between counts of memory held in files (memfd, SysV shm)
 _UNKNOWN_PSS = 1 << 62  # smaps_rollup unreadable: trust the resident upper bound
 _TICKS = os.sysconf("SC_CLK_TCK")
+_PID_MAX = 1 << 22  # pids wrap below this (the kernel's largest pid_max)
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+# Per machine: its seccomp audit arch, and the numbers of add_key, request_key and keyctl
+_SYS_KEYS = {
+    "x86_64": (0xC000003E, (248, 249, 250)),
+    "aarch64": (0xC00000B7, (217, 218, 219)),
+    "riscv64": (0xC00000F3, (217, 218, 219)),
+    "ppc64le": (0xC0000015, (269, 270, 271)),
+    "s390x": (0x80000016, (278, 279, 280)),
+}
+_X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same arch, numbers with this bit set
+_KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR = 0, 1, 7
+_KEY_SPEC_SESSION, _KEY_SPEC_USER, _KEY_SPEC_USER_SESSION = -3, -4, -5
 _MNT_DETACH = 2
 _MAX_FILES = 64  # open files per process (RLIMIT_NOFILE)
 _MAX_INODES = 4096  # files and directories in the work directory
@@ -69,7 +82,9 @@ _MS_KEEP = {  # per-mount flags a bind remount must repeat (locked in a user nam
     "relatime": 1 << 21,
     "strictatime": 1 << 24,
 }
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 1, 4, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+_SECCOMP_MODE_FILTER, _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 2, 0x7FFF0000, 0x00050000
+_BPF_LD_ABS_W, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 
 
 _libc: ctypes.CDLL | None = None
@@ -214,9 +229,84 @@ def _exec_program(spec: dict) -> None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    _fresh_keyrings(run_uid=uid is not None)
     _libc_call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no setuid binaries
+    _deny_keyrings()
     os.set_inheritable(spec["status_fd"], False)  # closes on exec: no message means success
     os.execve(spec["argv"][0], spec["argv"], spec["env"])
+
+
+def _keys_abi() -> tuple[int, tuple[int, int, int]]:
+    abi = _SYS_KEYS.get(os.uname().machine)
+    if abi is None:
+        raise OSError(errno.ENOSYS, f"keyrings: unknown system calls on {os.uname().machine}")
+    return abi
+
+
+def _keyctl(operation: int, *args: int) -> int:
+    global _libc
+    _libc = _libc or ctypes.CDLL(None, use_errno=True)
+    _libc.syscall.restype = ctypes.c_long
+    number = _keys_abi()[1][2]
+    value = _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in (operation, *args)))
+    if value < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"keyctl({operation}): {os.strerror(err)}")
+    return value
+
+
+def _fresh_keyrings(run_uid: bool) -> None:
+    """Leave the trainer's session keyring (its possessor may read every key in it) for a new
+    anonymous one that dies with the run; with a uid of the run's own (``run_uid``), empty that
+    uid's user keyrings too, of what an earlier run on the uid left there."""
+    try:
+        _keyctl(_KEYCTL_JOIN_SESSION_KEYRING, 0)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EPERM):
+            raise
+        try:  # keyrings are off here (no CONFIG_KEYS, or a seccomp filter): for all processes?
+            _keyctl(_KEYCTL_GET_KEYRING_ID, _KEY_SPEC_SESSION, 0)
+        except OSError:
+            return
+        raise
+    if run_uid:
+        for keyring in (_KEY_SPEC_USER, _KEY_SPEC_USER_SESSION):
+            _keyctl(_KEYCTL_CLEAR, keyring)
+
+
+def _deny_keyrings() -> None:
+    """A seccomp filter (after no_new_privs) that fails add_key, request_key and keyctl with
+    ENOSYS, and every system call of another ABI (i386 or x32 on x86_64) that could reach
+    them by other numbers. Without it a program of the trainer's own uid (non-root mode)
+    finds the trainer's user keyrings in /proc/keys and may add keys to them."""
+    arch, numbers = _keys_abi()
+    deny = _SECCOMP_RET_ERRNO | errno.ENOSYS
+    checks = [(_BPF_JGE_K, _X32_SYSCALL_BIT)] if arch == _SYS_KEYS["x86_64"][0] else []
+    checks += [(_BPF_JEQ_K, number) for number in numbers]
+    program = [
+        (_BPF_LD_ABS_W, 0, 0, 4),  # seccomp_data.arch
+        (_BPF_JEQ_K, 1, 0, arch),
+        (_BPF_RET_K, 0, 0, deny),
+        (_BPF_LD_ABS_W, 0, 0, 0),  # seccomp_data.nr
+        *((op, len(checks) - i, 0, k) for i, (op, k) in enumerate(checks)),  # to "deny"
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
+        (_BPF_RET_K, 0, 0, deny),
+    ]
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = (
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint32),
+        )
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter)))
+
+    filters = (SockFilter * len(program))(*(SockFilter(*insn) for insn in program))
+    fprog = SockFprog(len(program), filters)
+    _libc_call("prctl", _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
 
 
 def _exit_like(status: int) -> None:
@@ -278,9 +368,8 @@ def _watch(pid: int, limits: dict) -> tuple[int, str | None]:
     sandbox's memory and CPU time over all its processes and kill them all once a total
     passes ``memory_mb`` or ``cpu_s``. Returns (wait status, the limit passed)."""
     memory_limit = limits["memory_mb"] * 1024 * 1024
-    cpu_limit = limits["cpu_s"] * _TICKS
-    cpu: dict[tuple[str, bytes], int] = {}  # (pid, start time) -> CPU ticks when last seen
-    unmapped = 0  # memfd and SysV memory no process maps (refreshed every _FILES_EVERY)
+    clock = _CpuClock()
+    files = _Files()
     pidfd = os.pidfd_open(pid)
     for poll in itertools.count():
         select.select([pidfd], [], [], _POLL_S)
@@ -293,43 +382,233 @@ def _watch(pid: int, limits: dict) -> tuple[int, str | None]:
                 return status, None
             if done == 0:
                 break
-        pids = [name for name in os.listdir("/proc") if name.isdigit() and name != "1"]
-        resident = _resident(pids, cpu)
+        # ascending: a parent (older, lower pid) is read before the children it may reap
+        pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit() and name != "1")
+        procs = _read_processes(pids)
         if poll % _FILES_EVERY == 0:
-            unmapped = _unmapped(pids)
+            files.count(pids)
+        anon = sum(p.anon for p in procs.values())
+        shmem = sum(p.shmem for p in procs.values())
         exceeded = None
-        if resident + unmapped > memory_limit and _proportional(pids) + unmapped > memory_limit:
-            exceeded = "memory"
-        elif sum(cpu.values()) > cpu_limit:
+        if anon + files.beside(shmem) > memory_limit:
+            files.count(pids)  # confirm with exact figures before killing
+            if _proportional(pids, files.sized) + files.held > memory_limit:
+                exceeded = "memory"
+        # confirmed by a second read: a child read just before its parent reaped it counts
+        # twice in one read
+        if (
+            not exceeded
+            and clock.seconds(procs) > limits["cpu_s"]
+            and clock.seconds(_read_processes(pids)) > limits["cpu_s"]
+        ):
             exceeded = "cpu_time"
         if exceeded:
             _kill_all()
             return os.waitpid(pid, 0)[1], exceeded
 
 
-def _resident(pids: list[str], cpu: dict[tuple[str, bytes], int]) -> int:
-    """Anonymous + shared-memory resident bytes of ``pids`` summed (an upper bound: pages
-    shared after a fork count in each process); records each one's CPU ticks in ``cpu``, kept
-    after it exits (its parent may not wait for it, so no cutime would hold them)."""
-    total = 0
+class _Proc:
+    """One process as /proc shows it at a poll (CPU in seconds, memory in bytes)."""
+
+    __slots__ = ("start", "own", "kids", "threads", "anon", "shmem")
+
+    def __init__(self, stat: bytes, status: bytes) -> None:
+        fields = stat.rpartition(b")")[2].split()
+        self.start = fields[19]  # with the pid, names the process (pids are reused)
+        self.own = (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime (all threads)
+        self.kids = (int(fields[13]) + int(fields[14])) / _TICKS  # children it waited for
+        self.threads = max(1, int(fields[17]))
+        self.anon = self.shmem = 0
+        for line in status.split(b"\n"):
+            if line.startswith(b"RssAnon:"):
+                self.anon = int(line.split()[1]) * 1024
+            elif line.startswith(b"RssShmem:"):
+                self.shmem = int(line.split()[1]) * 1024
+
+
+def _read_processes(pids: list[int]) -> dict[int, _Proc]:
+    """Each of ``pids`` still alive (zombies too: they hold their final CPU times)."""
+    procs = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
+                stat = f.read()
             with open(f"/proc/{pid}/status", "rb") as f:
                 status = f.read()
         except OSError:
-            continue  # it exited meanwhile
-        cpu[(pid, fields[19])] = int(fields[11]) + int(fields[12])  # utime + stime
-        for line in status.split(b"\n"):
-            if line.startswith((b"RssAnon:", b"RssShmem:")):
-                total += int(line.split()[1]) * 1024
+            continue  # it was reaped meanwhile
+        procs[pid] = _Proc(stat, status)
+    return procs
+
+
+class _CpuClock:
+    """CPU seconds the whole sandbox has used: the larger of two lower bounds, plus a charge
+    for what neither holds.
+
+    * *live*: every live process's own time and that of the children it waited for
+      (``cutime``), plus what init reaped (orphans, with their own waited-for children). A
+      child that lives between two polls is never seen, but its time reaches its reaper.
+    * *seen*: every process's own time when last seen, kept after it is gone: a child whose
+      parent ignores SIGCHLD is reaped by no one, so no ``cutime`` holds its time.
+    * *ended*: a process reaped by no one takes with it the time it ran since it was last
+      seen (all of it if it started after the last poll). So each process that ended since
+      the last poll, and each task (process or thread) that started since and is not alive
+      (the namespace's pid counter says how many started), is charged the whole interval,
+      at most every CPU of the sandbox, less the time reaped in the interval: an upper
+      bound, so a program that churns through short tasks is charged more than it used."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, bytes], tuple[float, int]] = {}  # -> own time, threads
+        self.seen_total = 0.0
+        self.alive: set[tuple[int, bytes]] = set()  # at the last read
+        self.ended = 0.0
+        self.cpus = len(os.sched_getaffinity(0))
+        self.last_pid, self.time, self.reaped = _last_pid(), time.monotonic(), 0.0
+
+    def seconds(self, procs: dict[int, _Proc]) -> float:
+        now, last_pid = time.monotonic(), _last_pid()
+        started = (last_pid - self.last_pid) % _PID_MAX  # tasks started since the last read
+        reaped = 0.0
+        alive = set()
+        for pid, proc in procs.items():
+            key = (pid, proc.start)
+            alive.add(key)
+            own, threads = self.seen.get(key, (0.0, 0))
+            started -= max(0, proc.threads - threads)  # alive, so seen now
+            self.seen_total += proc.own - own
+            self.seen[key] = (proc.own, proc.threads)
+            reaped += proc.kids
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        reaped += usage.ru_utime + usage.ru_stime
+        live = sum(p.own for p in procs.values()) + reaped
+        ended = len(self.alive - alive) + max(0, started)
+        if ended:
+            window = min(ended, self.cpus) * (now - self.time)
+            self.ended += max(0.0, window - (reaped - self.reaped))
+        self.alive, self.last_pid, self.time, self.reaped = alive, last_pid, now, reaped
+        return max(live, self.seen_total) + self.ended
+
+
+def _last_pid() -> int:
+    """The last pid the sandbox's PID namespace gave out (to a process or a thread)."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+class _Files:
+    """Memory the sandbox holds in files, each file once by its allocated blocks: shared memory
+    files (memfds, shared anonymous mappings) its processes keep open or mapped, SysV segments
+    of its IPC namespace, and the files of its work directory (a tmpfs).
+
+    ``sized``: the files a process only maps can be sized through /proc/PID/map_files (it
+    needs CAP_SYS_ADMIN in the host's user namespace: root mode). Without it (non-root mode)
+    the mapped part is counted from the processes' shared resident memory instead, and a
+    file held only by a mapping counts only as far as it is mapped and resident."""
+
+    def __init__(self) -> None:
+        self.held = 0  # bytes when last counted
+        try:
+            fd = os.memfd_create("rlsys-probe")  # shared memory files live on its device
+        except OSError:  # no memfds here: nor for the program
+            self.device, self.maps_device = -1, b""
+        else:
+            self.device = os.fstat(fd).st_dev
+            os.close(fd)
+            self.maps_device = b"%02x:%02x" % (os.major(self.device), os.minor(self.device))
+        try:
+            os.stat(f"/proc/self/map_files/{_first_mapping()}")
+            self.sized = True
+        except OSError:
+            self.sized = False
+
+    def beside(self, shmem: int) -> int:
+        """Held in files, given ``shmem`` resident bytes of shared memory mapped now: a cheap
+        upper bound between exact counts (the last count may be up to _FILES_EVERY old)."""
+        return max(shmem, self.held) if self.sized else shmem + self.held
+
+    def count(self, pids: list[int]) -> None:
+        """Count now (costlier: every descriptor, every mapping on the shared memory device)."""
+        files: dict[tuple[bool, int], int] = {}  # (SysV?, inode) -> bytes
+        for pid in pids:
+            self._descriptors(pid, files)
+            if self.sized:
+                self._mappings(pid, files)
+        work = os.statvfs(WORK_MOUNT)
+        self.held = (
+            sum(files.values())
+            + _sysv_bytes(attached=self.sized)
+            + (work.f_blocks - work.f_bfree) * work.f_frsize
+        )
+
+    def _descriptors(self, pid: int, files: dict) -> None:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if st.st_dev == self.device:
+                files[(False, st.st_ino)] = st.st_blocks * 512
+
+    def _mappings(self, pid: int, files: dict) -> None:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                maps = f.read()
+        except OSError:
+            return
+        device = b" %s " % self.maps_device
+        if device not in maps:
+            return  # most processes map no shared memory: skip the parsing
+        for line in maps.splitlines():
+            if device not in line:
+                continue
+            fields = line.split(maxsplit=5)  # range perms offset device inode path
+            if len(fields) < 6 or fields[3] != self.maps_device or fields[5].startswith(b"/SYSV"):
+                continue  # not shared memory; SysV segments are counted by _sysv_bytes
+            key = (False, int(fields[4]))
+            if key not in files:
+                try:
+                    st = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}")
+                except OSError:
+                    continue  # unmapped meanwhile
+                files[key] = st.st_blocks * 512
+
+
+def _first_mapping() -> str:
+    with open("/proc/self/maps") as f:
+        return f.readline().split()[0]
+
+
+def _sysv_bytes(attached: bool) -> int:
+    """Bytes allocated to the SysV segments of the sandbox's IPC namespace (``attached``: also
+    those some process maps; else only the others, the mapped ones being counted as resident
+    memory)."""
+    try:
+        with open("/proc/sysvipc/shm", "rb") as f:
+            header, *rows = f.read().splitlines()
+    except (OSError, ValueError):
+        return 0
+    names = header.split()
+    nattch, rss, swap = (names.index(n) for n in (b"nattch", b"rss", b"swap"))
+    total = 0
+    for row in rows:
+        columns = row.split()
+        if attached or columns[nattch] == b"0":
+            total += int(columns[rss]) + int(columns[swap])
     return total
 
 
-def _proportional(pids: list[str]) -> int:
-    """Anonymous + shared-memory bytes of ``pids`` with each shared page divided among its
-    sharers (PSS): exact, but costly, so read only when ``_resident`` passes the limit."""
+def _proportional(pids: list[int], sized: bool) -> int:
+    """Anonymous memory of ``pids`` with each page shared after a fork divided among its
+    sharers (PSS), plus shared memory so divided unless ``sized`` (then it is counted in
+    files): exact, but costly, so read only when the cheap upper bound passes the limit."""
+    wanted = (b"Pss_Anon:",) if sized else (b"Pss_Anon:", b"Pss_Shmem:")
     total = 0
     for pid in pids:
         try:
@@ -338,39 +617,9 @@ def _proportional(pids: list[str]) -> int:
         except OSError:
             continue
         for line in rollup.split(b"\n"):
-            if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
+            if line.startswith(wanted):
                 total += int(line.split()[1]) * 1024
     return total or _UNKNOWN_PSS
-
-
-def _unmapped(pids: list[str]) -> int:
-    """Bytes of memory the sandbox holds without mapping it: memfds its processes keep open
-    (each file once) and SysV segments of its IPC namespace that no process attaches."""
-    files: dict[tuple[int, int], int] = {}
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            path = f"/proc/{pid}/fd/{fd}"
-            try:
-                if os.readlink(path).startswith("/memfd:"):
-                    st = os.stat(path)
-                    files[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-            except OSError:
-                continue
-    total = sum(files.values())
-    try:
-        with open("/proc/sysvipc/shm", "rb") as f:
-            rows = f.read().splitlines()[1:]
-    except OSError:
-        rows = []
-    for row in rows:  # key shmid perms size cpid lpid nattch ... rss swap
-        columns = row.split()
-        if len(columns) > 6 and columns[6] == b"0":
-            total += int(columns[3])
-    return total
 
 
 def _kill_all() -> None:
