@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         return _doctor(args, argv[1:])
     from rlsys.config import ConfigError
-    from rlsys.config.loader import load_config, to_yaml
+    from rlsys.config.loader import to_yaml
+    from rlsys.resolve import load_config
 
     try:
         cfg = load_config(args.overrides)

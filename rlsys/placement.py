@@ -14,9 +14,11 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
+from rlsys.algorithms.traits import uses_critic
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
 from rlsys.gpu_slots import GpuBinding, NoRoom, SlotPool, SlotPoolSpec, SlotUser, assign_groups
+from rlsys.runtime import ABORT_ENV
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Roles:
     @classmethod
     def for_rl(cls, cfg: TrainConfig) -> Roles:
         """The pools ``cfg``'s algorithm needs (SFT uses ``Roles()``: none)."""
-        return cls(cfg.reference_group, cfg.algorithm.uses_critic, True)
+        return cls(cfg.reference_group, uses_critic(cfg.algorithm), True)
 
 
 @dataclass(frozen=True)
@@ -125,9 +127,10 @@ def thread_env(threads: int) -> dict:
     """Runtime env of an actor: OpenMP ``threads`` from process start, and ``MALLOC_ENV``.
     Ray would set OMP_NUM_THREADS to the (possibly fractional, colocated) CPU request; OpenMP
     reads it once, so every thread of the actor (Ray runs methods on several) must start with
-    the right value."""
+    the right value. A fault injection asked for (``runtime.ABORT_ENV``) goes along."""
     malloc = {key: os.environ.get(key, value) for key, value in MALLOC_ENV.items()}
-    return {"env_vars": {"OMP_NUM_THREADS": str(threads), **malloc}}
+    faults = {ABORT_ENV: os.environ[ABORT_ENV]} if ABORT_ENV in os.environ else {}
+    return {"env_vars": {"OMP_NUM_THREADS": str(threads), **malloc, **faults}}
 
 
 def most_actors(cfg: TrainConfig, pool: str) -> int:

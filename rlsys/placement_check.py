@@ -224,8 +224,8 @@ def check_cases(
     pools at their largest elastic sizes) and check the layout. A config the checks refuse,
     or whose actors Ray cannot place within ``timeout_s``, is reported with the error."""
     from rlsys.config.errors import ConfigError
-    from rlsys.config.loader import load_config
     from rlsys.placement import check_fits
+    from rlsys.resolve import load_config
 
     resources = ray.cluster_resources()
     nodes = node_gpus if node_gpus is not None else connected_node_gpus()

@@ -7,15 +7,17 @@ joins it with one decorator line next to its definition::
     @ADVANTAGES.register("gae", needs_critic=True)
     def gae(x: AdvantageInputs) -> Advantages: ...
 
-Config validation asks the registry for the valid names (``check``), and the code that needs a
-property of an implementation asks for its trait (``trait``), so no list of names is kept
-anywhere else. docs/extending.md lists the registries.
+The config holds names as plain strings; ``rlsys.resolve`` asks each registry whether a name
+is known (``check``), and the code that needs a property of an implementation asks for its
+trait (``trait``), so no list of names is kept anywhere else. docs/extending.md lists the registries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
+
+from rlsys.config.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -55,8 +57,6 @@ class Registry(Generic[T]):
         the bad value and the known names, unless ``name`` is registered."""
         if name in self._items:
             return
-        from rlsys.config.errors import ConfigError  # here: rlsys.config imports registries
-
         key = key or self.config_key
         raise ConfigError(
             f"{key}={name!r} is not a known {self.kind}; use one of {self.names()} "

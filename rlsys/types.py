@@ -199,3 +199,11 @@ class TrainBatch:
         """The sub-batch of ``rows`` (every array field sliced the same way)."""
         fields = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in vars(self).items()}
         return TrainBatch(**fields)
+
+
+def pixels_of(prompts: list[Prompt]) -> list | None:
+    """(prompts,) each prompt's ``PromptPixels`` (None without images); None when no prompt
+    has images (a text-only call)."""
+    if all(p.pixels is None for p in prompts):
+        return None
+    return [p.pixels for p in prompts]

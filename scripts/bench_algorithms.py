@@ -40,7 +40,7 @@ def presets() -> list[str]:
 def refusal(name: str, overrides: list[str]) -> str | None:
     """Why the config refuses preset ``name`` with ``overrides``; None if it composes."""
     from rlsys.config.errors import ConfigError
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     try:
         load_config([f"algorithm={name}", *overrides])
@@ -51,7 +51,7 @@ def refusal(name: str, overrides: list[str]) -> str | None:
 
 def run_preset(name: str, steps: int, overrides: list[str], out_dir: Path) -> dict:
     """One ``rlsys train`` run; returns its summary plus the algorithm name."""
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     cfg = load_config([f"algorithm={name}", *overrides])
     budget = steps * cfg.data.batch_size * cfg.rollout.n_samples

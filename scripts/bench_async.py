@@ -51,7 +51,7 @@ def mode_name(staleness: int) -> str:
 
 def run_mode(staleness: int, steps: int, overrides: list[str], out_dir: Path) -> dict:
     """One ``rlsys train`` run at ``buffer.max_staleness=staleness``; returns its record."""
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     overrides = [*DEFAULTS, *overrides]
     cfg = load_config([*PLACEMENT, *overrides])

@@ -62,8 +62,8 @@ def _rank(rank: int, world_size: int, port: int, args, overrides: list[str], out
 
     from rlsys.algorithms.objectives import PolicyObjective
     from rlsys.backends import build_backend
-    from rlsys.config.loader import load_config
     from rlsys.models.loading import load_tokenizer, resolve_model_path
+    from rlsys.resolve import load_config
     from rlsys.run.bench import peak_rss_bytes
     from rlsys.runtime import quiet_libraries
 

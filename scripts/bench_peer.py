@@ -136,10 +136,10 @@ def peer_python(venv: Path) -> Path:
 def _prompts(work: Workload, count: int) -> tuple[str, bool, list[str], list[str]]:
     """The model directory, whether it has the built-in char tokenizer, and ``count`` training
     prompts rendered as rlsys sends them, with their answers."""
-    from rlsys.config.loader import load_config
     from rlsys.data.tasks import load_task
     from rlsys.models.builtin import saved_char_tokenizer
     from rlsys.models.loading import load_tokenizer, resolve_model_path
+    from rlsys.resolve import load_config
     from rlsys.trainers.collector import RolloutCollector
 
     cfg = load_config([f"model={work.model}", f"task={work.task}"])

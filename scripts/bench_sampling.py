@@ -100,7 +100,7 @@ def level_accuracies(metrics: list[dict]) -> tuple[dict[str, float], dict[str, f
 def run_one(
     sampler: str, rollout: str, seed: int, steps: int, overrides: list[str], out: Path
 ) -> dict:
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     common = [*DEFAULTS, f"run.seed={seed}", *SAMPLERS[sampler], *ROLLOUTS[rollout], *overrides]
     cfg = load_config(common)

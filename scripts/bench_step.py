@@ -33,8 +33,8 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    from rlsys.config.loader import load_config
     from rlsys.config.schema import TrackingConfig
+    from rlsys.resolve import load_config
     from rlsys.run.bench import write_records
 
     cfg = load_config(DEFAULTS + args.overrides)

@@ -155,10 +155,10 @@ def main() -> int:
 
     import ray
 
-    from rlsys.config.loader import load_config
     from rlsys.data.tasks import load_task
     from rlsys.models.loading import load_tokenizer, resolve_model_path
     from rlsys.placement import ActorResources
+    from rlsys.resolve import load_config
     from rlsys.runtime import quiet_libraries
     from rlsys.trainers.collector import RolloutCollector
     from rlsys.workers.rollout import RolloutPool

@@ -179,7 +179,7 @@ class Context:
         return ray
 
     def config(self, overrides: list[str]):
-        from rlsys.config.loader import load_config
+        from rlsys.resolve import load_config
 
         transport = "object_store" if self.cpu else "cuda_ipc"
         return load_config(

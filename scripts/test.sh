@@ -19,6 +19,7 @@ setup_s=$SECONDS
 . "${RLSYS_VENV:-.venv}/bin/activate"
 ruff check .
 ruff format --check .
+lint-imports  # the layering contract in pyproject.toml (docs/architecture.md)
 lint_s=$((SECONDS - setup_s))
 skips="$(mktemp)"
 trap 'rm -f "$skips"' EXIT

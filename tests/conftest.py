@@ -145,12 +145,12 @@ def run_controller(ray_cpu, tiny_model_dir, tmp_path):
     the config's algorithm needs) from the tiny model, metrics in ``tmp_path``."""
     import json
 
-    from rlsys.config.loader import load_config
     from rlsys.config.schema import ModelConfig
     from rlsys.data.tasks import load_task
     from rlsys.models.loading import load_tokenizer, resolve_model_path
     from rlsys.placement import Roles
     from rlsys.pools import start_pools
+    from rlsys.resolve import load_config
     from rlsys.run.tracking import Tracker
     from rlsys.trainers.rl.controller import Controller
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlsys.algorithms.kl import KL_ESTIMATORS
-from rlsys.algorithms.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
 
@@ -105,17 +103,13 @@ class AlgorithmConfig:
     off_policy_cap: float = 2.0  # the importance-weight bound of tis / decoupled (>= 1)
 
     def __post_init__(self) -> None:
-        # imported here, not with the config: these two registries' modules import numpy
-        from rlsys.algorithms.estimators import ADVANTAGES
-        from rlsys.algorithms.offpolicy import OFF_POLICY_CORRECTIONS
-
-        ADVANTAGES.check(self.advantage)
+        # The names (advantage, policy_loss, loss_agg, kl_estimator, off_policy) and what their
+        # traits forbid are checked where the registries are: rlsys.resolve.
         if self.pass_k < 1:
             raise ConfigError(
                 f"algorithm.pass_k={self.pass_k} must be >= 1 (the k of pass@k); set it to a k "
                 "below rollout.n_samples, e.g. 4 with 8 samples"
             )
-        POLICY_LOSSES.check(self.policy_loss)
         if self.kl_clamp is not None:
             positive("algorithm.kl_clamp", self.kl_clamp)
         positive("algorithm.gspo_log_ratio_clamp", self.gspo_log_ratio_clamp)
@@ -133,24 +127,11 @@ class AlgorithmConfig:
                 "<= clip_cov_high (the paper: 1 and 5)"
             )
         non_negative("algorithm.kl_cov_coef", self.kl_cov_coef)
-        LOSS_AGGREGATIONS.check(self.loss_agg)
-        KL_ESTIMATORS.check(self.kl_estimator)
         one_of("algorithm.kl_penalty", self.kl_penalty, KL_PENALTIES)
-        OFF_POLICY_CORRECTIONS.check(self.off_policy)
         if self.off_policy_cap < 1:
             raise ConfigError(
                 f"algorithm.off_policy_cap={self.off_policy_cap} must be >= 1 (2.0 is usual): "
                 "a cap below 1 down-weights on-policy tokens"
-            )
-        if (
-            self.kl_coef > 0
-            and self.kl_penalty == "loss"
-            and KL_ESTIMATORS.trait(self.kl_estimator, "zero_mean_grad")
-        ):
-            raise ConfigError(
-                f"algorithm.kl_estimator={self.kl_estimator} as a loss term has a zero-mean "
-                "gradient (it only adds noise); use algorithm.kl_estimator=k2 (gradient of "
-                "KL(policy || reference)) or k3, or algorithm.kl_penalty=reward"
             )
         positive("algorithm.clip_eps", self.clip_eps)
         if self.clip_eps_high is not None:
@@ -158,12 +139,6 @@ class AlgorithmConfig:
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ConfigError(
                 f"algorithm.dual_clip={self.dual_clip} must be > 1 (3.0 is usual) or null"
-            )
-        if self.dual_clip is not None and not POLICY_LOSSES.trait(self.policy_loss, "dual_clip"):
-            raise ConfigError(
-                f"algorithm.dual_clip applies to algorithm.policy_loss="
-                f"{' or '.join(POLICY_LOSSES.names(dual_clip=True))}, not {self.policy_loss}; "
-                "set algorithm.dual_clip=null"
             )
         if not 0 < self.gamma <= 1:
             raise ConfigError(f"algorithm.gamma={self.gamma} must be in (0, 1]")
@@ -201,45 +176,3 @@ class AlgorithmConfig:
     def uses_reference(self) -> bool:
         """Whether a frozen reference policy is needed (any KL term)."""
         return self.kl_coef > 0
-
-    @property
-    def uses_critic(self) -> bool:
-        """Whether the estimator needs a value model."""
-        from rlsys.algorithms.estimators import ADVANTAGES
-
-        return ADVANTAGES.trait(self.advantage, "needs_critic")
-
-    @property
-    def compares_group(self) -> bool:
-        """Whether the estimator compares the samples of a prompt (rollout.n_samples >= 2)."""
-        from rlsys.algorithms.estimators import ADVANTAGES
-
-        return ADVANTAGES.trait(self.advantage, "group")
-
-    @property
-    def uses_pass_k(self) -> bool:
-        """Whether the estimator reads ``pass_k`` (which must then be below n_samples)."""
-        from rlsys.algorithms.estimators import ADVANTAGES
-
-        return ADVANTAGES.trait(self.advantage, "pass_k")
-
-    @property
-    def uses_tree(self) -> bool:
-        """Whether the estimator reads the tree of tree rollouts (rollout.tree.enabled)."""
-        from rlsys.algorithms.estimators import ADVANTAGES
-
-        return ADVANTAGES.trait(self.advantage, "tree")
-
-    @property
-    def uses_turns(self) -> bool:
-        """Whether the estimator reads the model turns of multi-turn trajectories (needs
-        task.env.name)."""
-        from rlsys.algorithms.estimators import ADVANTAGES
-
-        return ADVANTAGES.trait(self.advantage, "multi_turn")
-
-    @property
-    def has_ratio(self) -> bool:
-        """Whether the policy loss has an importance ratio (several optimizer steps per batch
-        and stale samples stay correct)."""
-        return POLICY_LOSSES.trait(self.policy_loss, "ratio")

@@ -3,7 +3,6 @@ while a run trains (docs/launching.md)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -119,22 +118,3 @@ def group_sizes(cfg: TrainConfig, key: str) -> list[tuple[str, int]]:
     sizes = [(f"{key}.world_size", group.world_size)]
     sizes += [(f"{key}.elastic.schedule at step {s}", n) for s, n in group.elastic.schedule.items()]
     return sizes
-
-
-def resized(cfg: TrainConfig, sizes: dict[str, int]) -> TrainConfig:
-    """``cfg`` with the learner groups at ``sizes`` (``{"learner": 2}``), checked as a new run
-    of that size would be; raises ConfigError naming the key and the fix."""
-    changes = {}
-    for key, size in sizes.items():
-        if key not in RESIZABLE_GROUPS:
-            raise ConfigError(f"{key}: only {list(RESIZABLE_GROUPS)} are learner groups")
-        group = getattr(cfg, key)
-        if key == "critic" and not cfg.algorithm.uses_critic:
-            raise ConfigError(
-                f"critic={size}: algorithm.advantage={cfg.algorithm.advantage} runs no critic; "
-                "resize the learner alone"
-            )
-        if group.backend == "deepspeed" and size != group.world_size:
-            raise ConfigError(deepspeed_refusal(key, group.world_size))
-        changes[key] = dataclasses.replace(group, world_size=size)
-    return dataclasses.replace(cfg, **changes)

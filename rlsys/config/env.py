@@ -13,7 +13,7 @@ AGENT_ENV = "openai_agent"  # task.env.name of a user agent written against the 
 
 @dataclass
 class SQLToolConfig:
-    """``task.env.sql``: the bounds of the ``sql`` tool (rlsys/envs/sql.py). Every query runs
+    """``task.env.sql``: the bounds of the ``sql`` tool (rlsys/data/sql_tool.py). Every query runs
     read-only; these bound its time and what comes back."""
 
     time_limit_ms: int = 200  # a query still running after this is aborted (an error result)

@@ -52,7 +52,4 @@ class LauncherConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def __post_init__(self) -> None:
-        from rlsys.launch import LAUNCHERS  # here: the launchers import the config
-
-        LAUNCHERS.check(self.kind)
         positive("launcher.command_timeout_s", self.command_timeout_s)

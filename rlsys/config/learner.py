@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlsys.backends import BACKENDS
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.elastic import GroupElasticConfig
 from rlsys.config.errors import ConfigError
@@ -124,7 +123,6 @@ class LearnerConfig:
 
     def check(self, prefix: str) -> None:
         """Validate, naming keys under ``prefix`` (learner, or critic for a value model)."""
-        BACKENDS.check(self.backend, key=f"{prefix}.backend")
         positive(f"{prefix}.world_size", self.world_size)
         positive(f"{prefix}.num_cpus_per_rank", self.num_cpus_per_rank)
         non_negative(f"{prefix}.num_gpus_per_rank", self.num_gpus_per_rank)

@@ -226,13 +226,15 @@ def to_typed(cfg: DictConfig) -> TrainConfig:
     return typed
 
 
-def load_config(overrides: list[str] | None = None, config_name: str = "config") -> TrainConfig:
-    """Compose and validate a run config."""
+def read_config(overrides: list[str] | None = None, config_name: str = "config") -> TrainConfig:
+    """Compose a run config and check its values (its names and how its sections fit
+    together are ``rlsys.resolve.load_config``'s, which programs call)."""
     return to_typed(compose_config(overrides or [], config_name))
 
 
-def load_run_config(path: str | Path) -> TrainConfig:
-    """The config a run wrote (``<run_dir>/config.yaml``), validated again."""
+def read_run_config(path: str | Path) -> TrainConfig:
+    """The config a run wrote (``<run_dir>/config.yaml``), its values checked again
+    (``rlsys.resolve.load_run_config`` checks the rest)."""
     try:
         check_yaml_size(Path(path))
         saved = OmegaConf.load(path)

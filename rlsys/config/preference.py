@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlsys.algorithms.preference import PREFERENCE_LOSSES
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
 
@@ -93,7 +92,6 @@ class DPOConfig:
     eval_every: int = 50  # held-out pairwise and task accuracy every K steps (and at the end)
 
     def __post_init__(self) -> None:
-        PREFERENCE_LOSSES.check(self.loss)
         positive("dpo.beta", self.beta)
         non_negative("dpo.label_smoothing", self.label_smoothing)
         if self.label_smoothing >= 0.5:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlsys.backends import BACKENDS
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
 from rlsys.config.learner import DeepSpeedConfig, LearnerConfig
@@ -56,12 +55,6 @@ class RewardModelConfig:
         one_of("reward.model.ensemble", self.ensemble, ("mean", "min"))
         one_of("reward.model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         positive("reward.model.world_size", self.world_size)
-        BACKENDS.check(self.backend, key="reward.model.backend")
-        if self.dtype == "float16" and not BACKENDS.trait(self.backend, "float16"):
-            raise ConfigError(
-                f"reward.model.dtype=float16 does not work with reward.model.backend="
-                f"{self.backend}; use bfloat16 or backend=fsdp2"
-            )
         positive("reward.model.num_cpus", self.num_cpus)
         non_negative("reward.model.num_gpus", self.num_gpus)
         positive("reward.model.batch_size", self.batch_size)

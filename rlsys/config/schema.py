@@ -1,9 +1,11 @@
 """Typed configuration: the root ``TrainConfig`` and the configs of every component.
 
 Every default lives in a dataclass of ``rlsys/config/`` (this module, ``learner.py`` and
-``algorithm.py``); import them all from here. Each dataclass is one component's config; a component receives only its own. Checks that
-involve one component live in its ``__post_init__``; checks across components live in
-``TrainConfig.__post_init__``. Every error names the key at fault and the fix.
+``algorithm.py``); import them all from here. Each dataclass is one component's config; a
+component receives only its own. The config is plain data: it imports no implementation.
+Checks of one component's values live in its ``__post_init__``; the names a key gives (an
+engine, a loss, a task) and the checks across components are ``rlsys.resolve``'s, where the
+registries are. Every error names the key at fault and the fix.
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from rlsys.backends import BACKENDS
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.buffer import BufferConfig
 from rlsys.config.checks import non_negative, one_of, positive
-from rlsys.config.cross_checks import check_train_config
 from rlsys.config.data import DataConfig
 from rlsys.config.elastic import ElasticConfig, GroupElasticConfig
 from rlsys.config.env import AGENT_ENV, EnvConfig
@@ -27,8 +27,6 @@ from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 from rlsys.config.reward import RewardConfig
 from rlsys.config.shapes import ShapesConfig
 from rlsys.config.tree import TreeConfig
-from rlsys.engines import ENGINES
-from rlsys.weight_sync import TRANSPORTS
 
 
 @dataclass
@@ -189,9 +187,6 @@ class TaskConfig:
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn environment (null: none)
 
     def __post_init__(self) -> None:
-        from rlsys.data.tasks import TASKS  # here: the tasks import this module
-
-        TASKS.check(self.name)
         one_of("task.style", self.style, ("compact", "question"))
         if self.style != "compact" and self.reverse_answer:
             raise ConfigError(
@@ -308,7 +303,6 @@ class RolloutConfig:
                 f"[min_workers, max_workers] = [{scale.min_workers}, {scale.max_workers}]; start "
                 "within the range or widen it"
             )
-        ENGINES.check(self.engine)
         positive("rollout.num_workers", self.num_workers)
         positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
         non_negative("rollout.num_gpus_per_worker", self.num_gpus_per_worker)
@@ -360,8 +354,6 @@ class ReferenceConfig:
 
     def __post_init__(self) -> None:
         positive("reference.world_size", self.world_size)
-        if self.backend is not None:
-            BACKENDS.check(self.backend, key="reference.backend")
         positive("reference.num_cpus", self.num_cpus)
         non_negative("reference.num_gpus", self.num_gpus)
 
@@ -402,7 +394,6 @@ class WeightSyncConfig:
     timeout_s: float = 600.0  # a sync group member waiting longer than this fails the run
 
     def __post_init__(self) -> None:
-        TRANSPORTS.check(self.transport)
         positive("weight_sync.bucket_mb", self.bucket_mb)
         one_of("weight_sync.cpu_data_plane", self.cpu_data_plane, ("auto", "shm", "gloo"))
         positive("weight_sync.timeout_s", self.timeout_s)
@@ -593,4 +584,3 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_resume(self.resume)
-        check_train_config(self)

@@ -8,6 +8,15 @@ from dataclasses import dataclass, field
 from rlsys.config.checks import positive
 from rlsys.config.errors import ConfigError
 
+# The colours ``task.shapes.colours`` may name, with the RGB they are drawn in
+COLOURS = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 30),
+    "blue": (30, 60, 220),
+    "yellow": (230, 200, 20),
+    "purple": (150, 40, 170),
+}
+
 
 @dataclass
 class ShapesConfig:
@@ -20,8 +29,6 @@ class ShapesConfig:
     grid: int = 4  # cells per side (a shape fills most of one cell)
 
     def __post_init__(self) -> None:
-        from rlsys.data.shapes import COLOURS  # here: the task imports this module
-
         positive("task.shapes.image_size", self.image_size)
         positive("task.shapes.grid", self.grid)
         if not 1 <= self.max_shapes <= min(9, self.grid * self.grid):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsys.rewards.math import last_boxed
+from rlsys.data.boxed import last_boxed
 
 
 def gsm8k_row(row: dict) -> dict | None:

@@ -11,22 +11,12 @@ picture size and the grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rlsys.config.shapes import COLOURS, ShapesConfig
 from rlsys.types import Prompt
 
-if TYPE_CHECKING:  # the config's check imports COLOURS from here: no cycle at run time
-    from rlsys.config.schema import ShapesConfig
-
-COLOURS = {
-    "red": (220, 30, 30),
-    "green": (30, 170, 30),
-    "blue": (30, 60, 220),
-    "yellow": (230, 200, 20),
-    "purple": (150, 40, 170),
-}
 KINDS = ("circle", "square")
 
 

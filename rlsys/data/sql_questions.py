@@ -13,8 +13,8 @@ from collections.abc import Callable
 import numpy as np
 
 from rlsys.config.schema import TaskConfig
+from rlsys.data.sql_tool import SQLDatabase
 from rlsys.data.sql_world import Company, company
-from rlsys.envs.sql import SQLDatabase
 from rlsys.types import Prompt
 
 SEEDS_PER_RUN = 10_000_000  # database seeds of run seed s: s*SEEDS_PER_RUN + index

@@ -16,10 +16,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from rlsys.config.env import EnvConfig
+from rlsys.data.sql_tool import SQLDatabase, ToolReply
 from rlsys.envs.answers import exact_match, same_values
 from rlsys.envs.base import StepResult
 from rlsys.envs.search import SearchIndex
-from rlsys.envs.sql import SQLDatabase, ToolReply
 from rlsys.envs.tools import CALL_END, ToolCallError, find_call, format_call, format_result
 from rlsys.types import Prompt
 

@@ -17,7 +17,7 @@ import threading
 
 from rlsys.config.env import SearchToolConfig
 from rlsys.data.kb_world import world
-from rlsys.envs.sql import ToolReply
+from rlsys.data.sql_tool import ToolReply
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
 MAX_TERMS = 16  # words of a query used; the rest are ignored

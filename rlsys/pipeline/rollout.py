@@ -17,8 +17,7 @@ from rlsys.pipeline.gate import RolloutGate
 from rlsys.pipeline.iid_tree import sample_iid_tree
 from rlsys.pipeline.loop import Loop
 from rlsys.pipeline.tree import sample_tree
-from rlsys.trainers.collector import pixels_of
-from rlsys.types import Completion, Prompt, RolloutGroup, SamplingParams
+from rlsys.types import Completion, Prompt, RolloutGroup, SamplingParams, pixels_of
 
 # (worker, prompt ids, sampling, seed, per-prompt token budgets[, per-prompt images]) ->
 # completions per prompt (the images only when a prompt has some)

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from rlsys.config import ConfigError
-from rlsys.config.loader import load_run_config
 from rlsys.config.schema import TrainConfig
 from rlsys.plan.costs import StageCosts
 from rlsys.plan.workload import ReplyLengths
+from rlsys.resolve import load_run_config
 
 # stages the learner's step is made of (perf/step_s less these is the controller's own work)
 STEP_STAGES = (

@@ -88,7 +88,7 @@ def run_predict(argv: list[str]) -> int:
         print(format_checks([check_run(cal, read_run(d)) for d in args.check]))
         return 0
     from rlsys.config import ConfigError
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     try:
         cfg = load_config(args.overrides)

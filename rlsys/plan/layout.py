@@ -62,7 +62,7 @@ MIXED_BF16 = Precision("float32", "bfloat16", "bfloat16", "fp32 master weights, 
 
 
 def weight_transport(colocated: bool, engine_gpus: int) -> str:
-    """The ``weight_sync.transport`` a GPU layout can use (config/cross_checks.py,
+    """The ``weight_sync.transport`` a GPU layout can use (rlsys/resolve/across.py,
     ``_check_gpu_transport``): disaggregated pools broadcast over NCCL (``collective``);
     colocated, learner rank 0 shares its GPU with engine 0, where NCCL refuses two members of
     one group, so CUDA IPC when that is the only engine GPU, else host copies through Ray's

@@ -19,7 +19,7 @@ from rlsys.envs import ENVS, EpisodeRunner
 from rlsys.envs.chat_turns import ChatTurns
 from rlsys.envs.tool_formats import ToolFormat, make_tool_format
 from rlsys.rewards.scorer import RewardScorer
-from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
+from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams, pixels_of
 
 log = logging.getLogger(__name__)
 # (prompt ids, sampling, seed, per-prompt token budgets[, per-prompt images]) -> completions
@@ -337,14 +337,6 @@ class RolloutCollector:
             num_prompts=len(samples),
             accuracy_by={value: float(np.mean(right)) for value, right in sorted(by_value.items())},
         )
-
-
-def pixels_of(prompts: list[Prompt]) -> list | None:
-    """(prompts,) each prompt's ``PromptPixels`` (None without images); None when no prompt
-    has images (a text-only call)."""
-    if all(p.pixels is None for p in prompts):
-        return None
-    return [p.pixels for p in prompts]
 
 
 def check_group_by(key: str | None, prompts: list[Prompt]) -> None:

@@ -164,7 +164,7 @@ def test_cpu_optimizer_offload_trains_like_the_device_optimizer(tiny_model_dir, 
 def test_backend_config_keys_validate_with_the_key_and_the_fix():
     """learner.backend and learner.deepspeed.* parse from overrides; bad values name the key."""
     from rlsys.config.errors import ConfigError
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     cfg = load_config(["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"])
     assert (cfg.learner.backend, cfg.learner.deepspeed.zero_stage) == ("deepspeed", 3)

@@ -65,10 +65,10 @@ def main(address: str, root: str, overrides: list[str]) -> None:
     ``overrides`` and check agreement; print the data planes and nodes used as JSON."""
     import ray
 
-    from rlsys.config.loader import load_config
     from rlsys.models.loading import resolve_model_path
     from rlsys.placement import Roles
     from rlsys.pools import start_pools
+    from rlsys.resolve import load_config
 
     cfg = load_config(overrides)
     model_dir = resolve_model_path(cfg.model)

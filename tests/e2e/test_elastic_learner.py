@@ -44,7 +44,7 @@ def _train(run_dir: Path, overrides: list[str]) -> tuple[dict, dict[int, dict], 
     """``rlsys.app.train`` in this process; the summary, the records by step and the steps
     logged (with repeats)."""
     from rlsys import app
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     cfg = load_config(
         [*COMMON, f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}", *overrides]

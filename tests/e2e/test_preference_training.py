@@ -51,10 +51,10 @@ def test_reward_model_learns_and_plugs_into_the_reward_model_worker(tmp_path):
 
     # The saved model is what reward.model.paths loads: scoring the held-out pairs through
     # the reward-model worker's own loading and rendering gives the accuracy training saw.
-    from rlsys.config.loader import load_config
     from rlsys.data.preferences import load_pairs
     from rlsys.data.tasks import load_task
     from rlsys.models.reward_model import load_reward_model, render_pair
+    from rlsys.resolve import load_config
 
     cfg = load_config(
         [

@@ -50,11 +50,11 @@ def _kill_after(path, step: int, victim) -> threading.Thread:
 
 def _run(tmp_path, tiny_model_dir, overrides, victim_of, kill_after_step, checkpoints):
     from rlsys.checkpoint import CheckpointStore
-    from rlsys.config.loader import load_config
     from rlsys.data.tasks import load_task
     from rlsys.models.loading import load_tokenizer
     from rlsys.placement import Roles
     from rlsys.pools import start_pools
+    from rlsys.resolve import load_config
     from rlsys.run.tracking import Tracker
     from rlsys.trainers.rl.controller import Controller
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlsys.config.loader import load_config
 from rlsys.models.loading import load_model
 from rlsys.models.logprobs import first_scored, token_logprobs
 from rlsys.placement import Roles, plan_placement
+from rlsys.resolve import load_config
 from rlsys.workers.learner import LearnerGroup
 
 

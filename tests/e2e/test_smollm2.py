@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from rlsys.config import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.schema import ModelConfig
 from rlsys.models import gguf
 from rlsys.models.loading import load_model, load_tokenizer, resolve_model_path
+from rlsys.resolve import load_config
 from rlsys.trainers.collector import PromptFormat
 
 PATH = "gguf:smollm2-135m-instruct"

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from rlsys.algorithms.objectives import SFTObjective
-from rlsys.config.loader import load_config
 from rlsys.data.collate import attach_pixels, pack, samples_to_batch
 from rlsys.data.tasks import load_task
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.models.vision import VISION_PREFIX
 from rlsys.placement import Roles
 from rlsys.pools import start_pools
+from rlsys.resolve import load_config
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import SamplingParams
 

@@ -15,7 +15,7 @@ from rlsys.checkpoint import (
     read_trainer_state,
     write_trainer_state,
 )
-from rlsys.config.loader import load_config
+from rlsys.resolve import load_config
 
 
 class _Payload:

@@ -15,10 +15,11 @@ from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
 from rlsys.algorithms.kl import KL_ESTIMATORS, kl_estimate
 from rlsys.algorithms.losses import aggregate, loss_weights
 from rlsys.algorithms.recipe import Recipe
+from rlsys.algorithms.traits import uses_pass_k
 from rlsys.config import ConfigError
 from rlsys.config.algorithm import AlgorithmConfig
-from rlsys.config.loader import load_config
 from rlsys.config.schema import RolloutConfig, TrainConfig
+from rlsys.resolve import load_config, resolve
 from rlsys.types import TrainBatch
 
 
@@ -205,12 +206,12 @@ def test_pass_at_k_config_and_recipe():
     with pytest.raises(ConfigError, match="algorithm.pass_k=0"):
         AlgorithmConfig(pass_k=0)
     with pytest.raises(ConfigError, match=r"algorithm.pass_k=8 with rollout.n_samples=8"):
-        TrainConfig(algorithm=AlgorithmConfig(advantage="pass_at_k", pass_k=8))
+        resolve(TrainConfig(algorithm=AlgorithmConfig(advantage="pass_at_k", pass_k=8)))
     # pass_k matters only to pass_at_k: grpo with 2 samples and the default k = 4 is fine
     TrainConfig(algorithm=AlgorithmConfig(advantage="grpo"), rollout=RolloutConfig(n_samples=2))
-    assert TrainConfig(
-        algorithm=AlgorithmConfig(advantage="pass_at_k", pass_k=7)
-    ).algorithm.uses_pass_k
+    assert uses_pass_k(
+        TrainConfig(algorithm=AlgorithmConfig(advantage="pass_at_k", pass_k=7)).algorithm
+    )
 
 
 # ---- presets ---------------------------------------------------------------------------------
@@ -334,5 +335,5 @@ def test_config_accepts_the_new_estimators_as_a_loss_term():
     for kind in ("abs", "k1+", "k3+"):
         assert AlgorithmConfig(kl_coef=0.1, kl_estimator=kind).uses_reference
     with pytest.raises(ConfigError, match="zero-mean"):
-        AlgorithmConfig(kl_coef=0.1, kl_estimator="k1")
+        resolve(TrainConfig(algorithm=AlgorithmConfig(kl_coef=0.1, kl_estimator="k1")))
     assert load_config(["algorithm.kl_estimator=k1+"]).algorithm.kl_estimator == "k1+"

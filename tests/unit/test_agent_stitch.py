@@ -199,7 +199,7 @@ def test_the_agent_key_must_name_a_function():
 
 
 def test_openai_agent_needs_the_chat_template():
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     keys = ["task.env.name=openai_agent", "task.env.agent=rlsys.agents.examples:calculator_agent"]
     with pytest.raises(ConfigError, match="task.chat_template=true"):

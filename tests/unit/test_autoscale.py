@@ -7,7 +7,7 @@ import pytest
 
 from rlsys.config.elastic import AutoscaleConfig, ElasticConfig
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
+from rlsys.resolve import load_config
 from rlsys.trainers.rl.autoscale import Autoscaler
 
 

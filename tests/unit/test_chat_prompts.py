@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rlsys.config import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.schema import TaskConfig
 from rlsys.data.tasks import QUESTION_MAX_NEW_TOKENS, arithmetic_problem, load_task
 from rlsys.models.loading import load_tokenizer
+from rlsys.resolve import load_config
 from rlsys.rewards import REWARDS
 from rlsys.trainers.collector import PromptFormat, RolloutCollector
 from rlsys.types import Prompt

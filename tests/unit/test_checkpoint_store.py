@@ -227,7 +227,7 @@ def test_resume_falls_back_past_an_unreadable_trainer_state(tmp_path):
     """The newest checkpoint is complete (sizes match its manifest) but its controller state
     does not parse: resume starts from the previous one."""
     from rlsys.app import _resume_point
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
 
     store = _run_with_checkpoints(tmp_path, (1, 2))
     newest = store.latest() / "trainer.json"
@@ -247,7 +247,7 @@ def test_resume_falls_back_past_an_unreadable_trainer_state(tmp_path):
 
 def test_a_fresh_run_never_reuses_a_directory_that_holds_a_run(tmp_path):
     from rlsys.config.errors import ConfigError
-    from rlsys.config.loader import load_config
+    from rlsys.resolve import load_config
     from rlsys.run.directory import make_run_dir
 
     _run_with_checkpoints(tmp_path, (1,))

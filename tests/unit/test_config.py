@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rlsys.config import ConfigError
-from rlsys.config.loader import conf_dir, load_config, to_yaml
+from rlsys.config.loader import conf_dir, to_yaml
 from rlsys.config.schema import TrainConfig
 from rlsys.placement import MALLOC_ENV, Roles, check_fits, plan_placement, thread_env
+from rlsys.resolve import load_config
 
 
 def _presets() -> list[str]:
@@ -294,7 +295,7 @@ def test_a_preset_that_is_a_yaml_alias_bomb_is_refused_at_once(tmp_path, monkeyp
     import shutil
     import time
 
-    from rlsys.config.loader import load_run_config
+    from rlsys.resolve import load_run_config
 
     conf = tmp_path / "conf"
     shutil.copytree(conf_dir(), conf)

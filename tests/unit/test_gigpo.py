@@ -10,13 +10,14 @@ from test_envs import ScriptedEngine
 
 from rlsys.algorithms.advantages import gigpo_advantages, grpo_advantages
 from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
+from rlsys.algorithms.traits import uses_turns
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.data.collate import batch_turns, samples_to_batch
 from rlsys.envs import EpisodeRunner, StepResult
 from rlsys.envs.calculator import Calculator
 from rlsys.models.loading import load_tokenizer
+from rlsys.resolve import load_config
 from rlsys.state_file import read_state, write_state
 from rlsys.trainers.rl.sample_metrics import step_group_metrics
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams, Turn
@@ -283,5 +284,5 @@ def test_gigpo_needs_a_multi_turn_task_and_a_non_negative_step_weight():
     with pytest.raises(ConfigError, match="algorithm.gigpo_step_weight"):
         load_config(["algorithm=gigpo", "task=calculator_tool", "algorithm.gigpo_step_weight=-1"])
     cfg = load_config(["algorithm=gigpo", "task=calculator_tool"])
-    assert cfg.algorithm.uses_turns and cfg.algorithm.gamma == 0.95
+    assert uses_turns(cfg.algorithm) and cfg.algorithm.gamma == 0.95
     assert cfg.algorithm.gigpo_step_weight == 1.0

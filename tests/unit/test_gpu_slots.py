@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlsys.config import ConfigError
-from rlsys.config.loader import conf_dir, load_config
+from rlsys.config.loader import conf_dir
 from rlsys.gpu_slots import NoRoom, assign_groups
 from rlsys.models.lora import AdapterMerger, merge
 from rlsys.placement import (
@@ -19,6 +19,7 @@ from rlsys.placement import (
     slot_specs,
 )
 from rlsys.placement_check import Placed, predict, violations
+from rlsys.resolve import load_config
 
 GPU = ["learner.num_gpus_per_rank=1", "rollout.num_gpus_per_worker=1"]
 

@@ -13,12 +13,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from rlsys.algorithms.traits import uses_tree
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.tree import TreeConfig
 from rlsys.models.loading import end_token_ids
 from rlsys.pipeline.iid_tree import draw, sample_iid_tree
 from rlsys.pipeline.tree import generated_tokens
+from rlsys.resolve import load_config
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
 EOS = 2
@@ -244,7 +245,7 @@ def test_iid_config_checks_name_the_keys():
     with pytest.raises(ConfigError, match="rollout.stop_token_ids"):
         load_config(["rollout.tree.enabled=true", "rollout.tree.mode=iid", "rollout.stop=[';']"])
     cfg = load_config(["rollout.tree.enabled=true", "rollout.tree.mode=iid"])
-    assert cfg.rollout.tree.mode == "iid" and not cfg.algorithm.uses_tree
+    assert cfg.rollout.tree.mode == "iid" and not uses_tree(cfg.algorithm)
 
 
 def test_end_tokens_are_the_tokenizers_and_the_models(tmp_path):

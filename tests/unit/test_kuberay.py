@@ -26,12 +26,12 @@ from rlsys.config.kuberay import (
     WorkerGroupConfig,
     quantity_bytes,
 )
-from rlsys.config.loader import load_config
 from rlsys.config.schema import TrainConfig
 from rlsys.launch import LaunchError
 from rlsys.launch.kuberay import KubeRayLauncher
 from rlsys.launch.kuberay_groups import worker_groups
 from rlsys.launch.kuberay_render import job_overrides, render, resolve_name
+from rlsys.resolve import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "tests" / "fixtures" / "kuberay_schema.json"

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.schema import LoraConfig
 from rlsys.models import lora
 from rlsys.models.loading import load_model
+from rlsys.resolve import load_config
 
 CFG = LoraConfig(rank=4, alpha=8.0)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from rlsys.config import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.reward import RewardConfig
 from rlsys.config.schema import TaskConfig
 from rlsys.data.math_data import convert_rows, detect_format, read_rows, split_rows
 from rlsys.data.tasks import load_task
+from rlsys.resolve import load_config
 from rlsys.rewards import REWARDS, score
 from rlsys.rewards.math import last_boxed, normalise_answer, same_answer
 from rlsys.rewards.registry import build_reward

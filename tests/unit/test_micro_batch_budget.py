@@ -14,11 +14,11 @@ from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.backends import build_backend
 from rlsys.backends.data_parallel import micro_batch_rows
 from rlsys.config.learner import LearnerConfig, OptimConfig
-from rlsys.config.loader import load_config
 from rlsys.config.reward import RewardModelConfig
 from rlsys.data.collate import pack
 from rlsys.data.tasks import load_task
 from rlsys.models.loading import load_tokenizer
+from rlsys.resolve import load_config
 
 
 def test_rows_fit_the_budget_and_at_least_one():

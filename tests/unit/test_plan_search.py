@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from rlsys.config.loader import load_config
 from rlsys.placement_check import predict, violations
 from rlsys.plan.command import main as plan_main
 from rlsys.plan.hardware import ASSUMED, GB, GPUS, MODELS, Cluster, parse_model
@@ -18,6 +17,7 @@ from rlsys.plan.memory import activation_bytes_per_token, fit_micro_batch, learn
 from rlsys.plan.pricing import stage_costs, sync_stages
 from rlsys.plan.search import Ranked, commands, layouts, plan_commands, search, tp_sizes
 from rlsys.plan.workload import ReplyLengths, Workload, WorkloadError
+from rlsys.resolve import load_config
 
 H100_64 = Cluster(8, 8, "H100")
 WORK = Workload(

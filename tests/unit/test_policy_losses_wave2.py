@@ -24,9 +24,11 @@ from rlsys.algorithms.losses import (
 )
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.recipe import Recipe
+from rlsys.algorithms.traits import has_ratio
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
+from rlsys.config.schema import TrainConfig
+from rlsys.resolve import load_config, resolve
 
 NEW_LOSSES = ["cispo", "gmpo", "sapo", "clip_cov", "kl_cov"]
 
@@ -428,7 +430,7 @@ def test_recipe_maps_the_new_config_keys():
 )
 def test_bad_values_of_the_new_keys_name_the_key(kwargs, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
-        AlgorithmConfig(**kwargs)
+        resolve(TrainConfig(algorithm=AlgorithmConfig(**kwargs)))
 
 
 def test_clip_cov_accepts_the_dual_clip():
@@ -452,7 +454,7 @@ def test_presets_set_their_loss_and_train_a_step(name, settings):
     cfg = load_config([f"algorithm={name}"])
     algo = cfg.algorithm
     assert algo.name == name and algo.policy_loss == name and algo.advantage == "grpo"
-    assert algo.kl_coef == 0.0 and algo.has_ratio
+    assert algo.kl_coef == 0.0 and has_ratio(algo)
     for key, value in settings.items():
         assert getattr(algo, key) == value, key
     # the preset's objective on a small batch, a second optimizer step's worth off-policy

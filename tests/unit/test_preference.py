@@ -16,7 +16,6 @@ from rlsys.algorithms.objectives import DPOObjective, RewardModelObjective
 from rlsys.algorithms.preference import bradley_terry_loss, dpo_loss, spread_over_pairs
 from rlsys.backends.data_parallel import train_plan
 from rlsys.config import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.preference import PreferenceDataConfig
 from rlsys.data.collate import pack
 from rlsys.data.preferences import (
@@ -26,6 +25,7 @@ from rlsys.data.preferences import (
     pairwise_accuracy,
     trim_padding,
 )
+from rlsys.resolve import load_config
 
 
 def test_bradley_terry_is_the_negative_log_likelihood_of_the_label():

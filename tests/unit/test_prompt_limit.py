@@ -10,9 +10,9 @@ import pytest
 
 from rlsys.app import evaluate, resolve_prompt_limit
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.data.tasks import TaskSplits, load_task, screen
 from rlsys.models.loading import context_length, load_tokenizer
+from rlsys.resolve import load_config
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import Prompt
 

@@ -11,12 +11,14 @@ import pytest
 
 from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, Advantages
 from rlsys.algorithms.recipe import Recipe
+from rlsys.algorithms.traits import compares_group, uses_critic
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.learner import LearnerConfig
 from rlsys.config.schema import ReferenceConfig, RolloutConfig, TaskConfig, TrainConfig
 from rlsys.data.tasks import TASKS, TaskSplits, load_task
 from rlsys.registry import Registry
+from rlsys.resolve import resolve
 from rlsys.types import Prompt, TrainBatch
 
 
@@ -61,29 +63,31 @@ def test_registering_a_name_twice_fails():
 
 
 @pytest.mark.parametrize(
-    ("build", "needle"),
+    ("sections", "needle"),
     [
-        (lambda: AlgorithmConfig(advantage="nope"), "algorithm.advantage='nope'"),
-        (lambda: AlgorithmConfig(policy_loss="trpo"), "algorithm.policy_loss='trpo'"),
-        (lambda: AlgorithmConfig(loss_agg="sum"), "algorithm.loss_agg='sum'"),
-        (lambda: AlgorithmConfig(kl_estimator="k4"), "algorithm.kl_estimator='k4'"),
-        (lambda: AlgorithmConfig(off_policy="is"), "algorithm.off_policy='is'"),
-        (lambda: RolloutConfig(engine="sglang"), "rollout.engine='sglang'"),
-        (lambda: LearnerConfig(backend="megatron"), "learner.backend='megatron'"),
-        (lambda: TaskConfig(name="sudoku"), "task.name='sudoku'"),
-        (lambda: ReferenceConfig(backend="megatron"), "reference.backend='megatron'"),
+        (dict(algorithm=AlgorithmConfig(advantage="nope")), "algorithm.advantage='nope'"),
+        (dict(algorithm=AlgorithmConfig(policy_loss="trpo")), "algorithm.policy_loss='trpo'"),
+        (dict(algorithm=AlgorithmConfig(loss_agg="sum")), "algorithm.loss_agg='sum'"),
+        (dict(algorithm=AlgorithmConfig(kl_estimator="k4")), "algorithm.kl_estimator='k4'"),
+        (dict(algorithm=AlgorithmConfig(off_policy="is")), "algorithm.off_policy='is'"),
+        (dict(rollout=RolloutConfig(engine="sglang")), "rollout.engine='sglang'"),
+        (dict(learner=LearnerConfig(backend="megatron")), "learner.backend='megatron'"),
+        (dict(task=TaskConfig(name="sudoku")), "task.name='sudoku'"),
+        (dict(reference=ReferenceConfig(backend="megatron")), "reference.backend='megatron'"),
     ],
 )
-def test_config_validates_names_against_the_registries(build, needle):
+def test_config_validates_names_against_the_registries(sections, needle):
+    """The config holds names as data; resolving it looks each one up in its registry."""
     with pytest.raises(ConfigError, match="use one of") as err:
-        build()
+        resolve(TrainConfig(**sections))
     assert needle in str(err.value)
 
 
 def test_config_validation_does_not_import_torch():
     """The registries the config asks live in torch-free modules (or behind lazy builders)."""
     code = (
-        "import sys; from rlsys.config.schema import TrainConfig; TrainConfig(); "
+        "import sys; from rlsys.config.schema import TrainConfig; "
+        "from rlsys.resolve import resolve; resolve(TrainConfig()); "
         "assert 'torch' not in sys.modules, 'config validation imported torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -106,7 +110,7 @@ def best_of_group():
 
 def test_a_registered_estimator_is_a_valid_config_name_and_is_used(best_of_group):
     cfg = TrainConfig(algorithm=AlgorithmConfig(advantage=best_of_group))
-    assert cfg.algorithm.compares_group and not cfg.algorithm.uses_critic
+    assert compares_group(cfg.algorithm) and not uses_critic(cfg.algorithm)
     mask = np.ones((4, 2), np.float32)
     batch = TrainBatch(
         input_ids=np.zeros((4, 3), np.int64),
@@ -118,9 +122,11 @@ def test_a_registered_estimator_is_a_valid_config_name_and_is_used(best_of_group
     out = Recipe(cfg.algorithm, group_size=2, max_new_tokens=2).advantages(batch)
     np.testing.assert_array_equal(out.advantages[:, 0], [0.0, 1.0, 1.0, 0.0])
     with pytest.raises(ConfigError, match="rollout.n_samples=1"):
-        TrainConfig(
-            algorithm=AlgorithmConfig(advantage=best_of_group, filter_uniform_groups=False),
-            rollout=RolloutConfig(n_samples=1),
+        resolve(
+            TrainConfig(
+                algorithm=AlgorithmConfig(advantage=best_of_group, filter_uniform_groups=False),
+                rollout=RolloutConfig(n_samples=1),
+            )
         )
 
 
@@ -136,4 +142,4 @@ def test_a_registered_task_is_a_valid_config_name_and_is_loaded():
         TASKS.unregister("echo")
     assert [p.answer for p in splits.eval] == ["0", "1"] and len(splits.train) == 6
     with pytest.raises(ConfigError, match="task.name='echo'"):
-        TaskConfig(name="echo")
+        resolve(TrainConfig(task=TaskConfig(name="echo")))

@@ -11,9 +11,9 @@ import pytest
 from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.config.buffer import ReplayConfig
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.pipeline.scoring import ScoringLoop
 from rlsys.replay import ReplayStore
+from rlsys.resolve import load_config
 from rlsys.state_file import read_state, write_state
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample
 

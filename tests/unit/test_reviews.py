@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from rlsys.config import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.preference import PreferenceDataConfig
 from rlsys.config.schema import TaskConfig
 from rlsys.data.preferences import synthetic_pairs
 from rlsys.data.reviews import NEGATIVE, NEUTRAL, NOUNS, POSITIVE, sentiment_score
 from rlsys.data.tasks import TaskSplits, load_task
+from rlsys.resolve import load_config
 from rlsys.rewards.registry import build_reward
 from rlsys.rewards.scoring import outcome_of
 from rlsys.types import Completion, Prompt, Sample

@@ -17,7 +17,8 @@ import pytest
 
 from rlsys import app
 from rlsys.cli import main
-from rlsys.config.loader import load_config, to_yaml
+from rlsys.config.loader import to_yaml
+from rlsys.resolve import load_config
 from rlsys.run.doctor_checks import TRAIN_OVERRIDES
 
 HOLD = """

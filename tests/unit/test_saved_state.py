@@ -18,9 +18,9 @@ import pytest
 
 from rlsys.buffer import StreamingBuffer
 from rlsys.checkpoint import CheckpointError, CheckpointStore, step_of
-from rlsys.config.loader import load_config
 from rlsys.config.schema import TrainConfig
 from rlsys.data.sampler import PromptSampler
+from rlsys.resolve import load_config
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.state import RunState
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample

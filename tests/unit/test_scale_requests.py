@@ -11,9 +11,9 @@ import os
 import pytest
 
 from rlsys.cli import main
-from rlsys.config.elastic import resized
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config, to_yaml
+from rlsys.config.loader import to_yaml
+from rlsys.resolve import load_config, resized
 from rlsys.trainers.rl.scale_requests import ScaleError, ScalePlan, request_scale
 
 SMALL_BATCH = ["data.batch_size=2", "rollout.n_samples=2", "algorithm.filter_uniform_groups=false"]

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from rlsys.config import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.schema import TaskConfig
 from rlsys.data.tasks import chain_level, load_task, scratchpad_problem
+from rlsys.resolve import load_config
 from rlsys.rewards import REWARDS
 from rlsys.rewards.math import marked_answer
 

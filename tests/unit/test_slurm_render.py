@@ -16,10 +16,10 @@ import pytest
 
 from rlsys.cli import main
 from rlsys.config import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.slurm import time_limit_s
 from rlsys.launch import LaunchError
 from rlsys.launch.slurm import TEMPLATE, node_groups, render
+from rlsys.resolve import load_config
 
 SLURM = ["launcher=slurm"]
 # Two learner nodes and two rollout nodes of 8 GPUs each, every pool pinned to its group.

@@ -12,11 +12,11 @@ import pytest
 from rlsys.config.env import EnvConfig, SQLToolConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TaskConfig
+from rlsys.data.sql_tool import SQLDatabase, format_rows
 from rlsys.data.sql_world import company, write_company
 from rlsys.data.tasks import load_task
 from rlsys.envs import ENVS
 from rlsys.envs.answers import same_values, value_set
-from rlsys.envs.sql import SQLDatabase, format_rows
 
 ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT COUNT(*) FROM c"
 
@@ -154,7 +154,7 @@ def test_value_sets_compare_numbers_by_value_and_ignore_case_and_order():
 HAMMER = """
 import threading
 from rlsys.envs.search import SearchIndex
-from rlsys.envs.sql import SQLDatabase
+from rlsys.data.sql_tool import SQLDatabase
 tools = [
     (SQLDatabase.from_seed(1), "SELECT name FROM emp WHERE dept='Ops' ORDER BY pay DESC LIMIT 1"),
     (SearchIndex.from_seed(1), "founded born"),

@@ -12,7 +12,6 @@ import pytest
 
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.schema import TaskConfig
 from rlsys.envs.calculator import Calculator
 from rlsys.envs.chat_turns import ChatTemplateError, ChatTurns
@@ -25,6 +24,7 @@ from rlsys.envs.tool_formats import (
 )
 from rlsys.envs.tools import ToolCall, ToolCallError, find_call
 from rlsys.models.loading import load_tokenizer
+from rlsys.resolve import load_config
 from rlsys.run.cache import cache_dir
 from rlsys.trainers.collector import PromptFormat, RolloutCollector
 from rlsys.types import Completion, Prompt, SamplingParams

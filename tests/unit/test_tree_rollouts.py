@@ -9,10 +9,11 @@ import pytest
 
 from rlsys.algorithms.advantages import grpo_advantages, treepo_advantages, treerl_advantages
 from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
+from rlsys.algorithms.traits import uses_tree
 from rlsys.config.errors import ConfigError
-from rlsys.config.loader import load_config
 from rlsys.config.tree import TreeConfig
 from rlsys.pipeline.tree import generated_tokens, sample_tree, split_quota, tree_segments
+from rlsys.resolve import load_config
 from rlsys.trainers.rl.sample_metrics import tree_metrics
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
@@ -275,4 +276,4 @@ def test_tree_config_checks_name_the_keys():
     with pytest.raises(ConfigError, match="rollout.tree.enabled=false"):
         load_config(["algorithm.advantage=treepo"])
     cfg = load_config(["rollout.tree.enabled=true", "algorithm.advantage=treepo"])
-    assert cfg.rollout.tree.enabled and cfg.algorithm.uses_tree
+    assert cfg.rollout.tree.enabled and uses_tree(cfg.algorithm)

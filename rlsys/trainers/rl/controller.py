@@ -45,6 +45,7 @@ import numpy as np
 from rlsys.algorithms.estimators import ADVANTAGES
 from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
+from rlsys.algorithms.traits import uses_critic
 from rlsys.buffer import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint import CheckpointStore
 from rlsys.config.elastic import RESIZABLE_GROUPS
@@ -129,7 +130,7 @@ class Controller:
         self.checkpoints = checkpoints  # None: no checkpoints (and no learner recovery from one)
         self.run_info = dict(run_info or {})  # saved in checkpoints (model path, tracker run id)
         algo = cfg.algorithm
-        if algo.uses_critic and pools.critic is None:
+        if uses_critic(algo) and pools.critic is None:
             raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
         if cfg.reference_group and pools.reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
@@ -427,10 +428,12 @@ class Controller:
                 decay_steps=trainer.total_steps * critic.ppo_epochs * critic.num_mini_batches,
             )
 
-    def run(self) -> dict:
+    def run(self, final: Path | None = None) -> dict:
         """Evaluate (unless resumed); train until ``trainer.total_steps``, a budget or a
         SIGTERM (evaluating every K steps and at the end, checkpointing every
-        ``checkpoint.every`` steps and at exit); check and report the sample accounting."""
+        ``checkpoint.every`` steps and at exit); export the policy to ``final`` unless stopped
+        by SIGTERM; check and report the sample accounting. A rank that dies in any of it
+        sends the run back to its latest checkpoint (``recovery.py``)."""
         if self.state.totals.accuracy_before is None:
             self.state.totals.accuracy_before = self._log_eval(0, self._timed_evaluate())
             self.state.totals.eval_s = 0.0
@@ -439,23 +442,23 @@ class Controller:
         with setup_frozen():
             self.state.pipeline.start()
             try:
-                self._train_loop()
-                if self.preempt.is_set():
-                    log.warning("SIGTERM: stopping after step %d", self.state.totals.steps)
-                elif self.state.totals.eval_history[-1]["step"] != self.state.totals.steps:
-                    with self.state.pipeline.gate.shut():
-                        self._log_eval(self.state.totals.steps, self._timed_evaluate())
-                saved = self.recovery.saved_latest_step()
-                if self.checkpoints is not None and self.cfg.checkpoint.at_exit and not saved:
-                    self.state.buffer.pause()
-                    self.recovery.save_checkpoint()
+                while True:  # again after a rank died in the last saves (recovery.finish)
+                    self._train_loop()
+                    if self.preempt.is_set():
+                        log.warning("SIGTERM: stopping after step %d", self.state.totals.steps)
+                    elif self.state.totals.eval_history[-1]["step"] != self.state.totals.steps:
+                        with self.state.pipeline.gate.shut():
+                            self._log_eval(self.state.totals.steps, self._timed_evaluate())
+                    final = None if self.preempt.is_set() else final
+                    if self.recovery.finish(self.cfg.checkpoint.at_exit, final):
+                        break
             finally:
                 self.state.pipeline.stop()
         self.state.pipeline.raise_if_failed()
         accounting = self.state.buffer.accounting()
         if not accounting["balanced"]:
             log.error("sample accounting does not balance (a bug; please report): %s", accounting)
-        return run_summary(
+        summary = run_summary(
             self.cfg,
             self.state,
             len(self.task.eval),
@@ -465,6 +468,7 @@ class Controller:
             self.state.elapsed(),
             accounting,
         )
+        return {**summary, "final_model": str(final) if final else None}
 
     def _train_loop(self) -> None:
         trainer, every = self.cfg.trainer, self.cfg.checkpoint.every
@@ -487,8 +491,8 @@ class Controller:
             if evaluate:
                 self.state.totals.eval_history.append({"step": step, **metrics})
             self.tracker.log(step, metrics)
-            if save:
-                self.recovery.save_checkpoint()
+            if save and not self.recovery.checkpoint_or_recover():
+                continue  # a rank died in the save: back at the latest checkpoint
             wanted = self.scale_plan.poll(step)
             self.learner_scaler.after_step(step, wanted)
             self.scaler.after_step(step, wanted.get("rollout"), metrics)
@@ -577,10 +581,3 @@ class Controller:
                 }
             )
         return out
-
-
-def save_final_policy(pools: Pools, run_dir: Path) -> Path:
-    """Export the trained policy as a Hugging Face directory under ``checkpoints/final``."""
-    path = run_dir / "checkpoints" / "final"
-    pools.learner.save_hf(str(path))
-    return path

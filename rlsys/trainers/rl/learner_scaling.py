@@ -24,11 +24,12 @@ from pathlib import Path
 
 import ray
 
-from rlsys.config.elastic import RESIZABLE_GROUPS, resized
+from rlsys.config.elastic import RESIZABLE_GROUPS
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
 from rlsys.placement import Roles, check_fits, connected_node_gpus
 from rlsys.pools import Pools
+from rlsys.resolve import resized
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.state import RunState
 

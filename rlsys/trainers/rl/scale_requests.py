@@ -28,8 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlsys.config.elastic import RESIZABLE_GROUPS, resized
+from rlsys.algorithms.traits import uses_critic
+from rlsys.config.elastic import RESIZABLE_GROUPS
 from rlsys.config.errors import ConfigError
+from rlsys.resolve import resized
 from rlsys.run.directory import CLUSTER_FILE, recorded_cluster
 from rlsys.run.lock import LOCK_FILE, last_holder, live_holder
 
@@ -174,14 +176,14 @@ def _check_live(run: Path) -> None:
 
 def _check_request(run: Path, sizes: dict[str, int]) -> None:
     """Refuse sizes the run cannot have (``check_sizes``), against the cluster it recorded."""
-    from rlsys.config.loader import load_run_config
+    from rlsys.resolve import load_run_config
 
     try:
         cfg = load_run_config(run / "config.yaml")
     except ConfigError as exc:
         raise ScaleError(str(exc)) from exc
     asked = dict(sizes)
-    if "learner" in asked and cfg.algorithm.uses_critic:
+    if "learner" in asked and uses_critic(cfg.algorithm):
         asked.setdefault("critic", asked["learner"])  # the critic follows the learner
     cluster = f"the cluster the run recorded when it joined Ray ({run / CLUSTER_FILE})"
     check_sizes(cfg, asked, recorded_cluster(run), cluster)

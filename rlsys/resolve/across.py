@@ -1,10 +1,19 @@
-"""Checks across sections of a run's config (``TrainConfig.__post_init__`` runs them): each
-raises ``ConfigError`` naming the keys at fault and the fix."""
+"""Checks across sections of a run's config (``rlsys.resolve.resolve`` runs them, after each
+section's own values and names are checked): each raises ``ConfigError`` naming the keys at
+fault and the fix."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlsys.algorithms.traits import (
+    compares_group,
+    has_ratio,
+    uses_critic,
+    uses_pass_k,
+    uses_tree,
+    uses_turns,
+)
 from rlsys.backends import BACKENDS
 from rlsys.config.elastic import group_sizes
 from rlsys.config.env import AGENT_ENV
@@ -54,36 +63,36 @@ def _check_algorithm_fit(cfg: TrainConfig) -> None:
             "ties with itself); set algorithm.filter_uniform_groups=false or "
             "rollout.n_samples=2 or more"
         )
-    if not algo.has_ratio and (cfg.learner.ppo_epochs > 1 or cfg.learner.num_mini_batches > 1):
+    if not has_ratio(algo) and (cfg.learner.ppo_epochs > 1 or cfg.learner.num_mini_batches > 1):
         raise ConfigError(
             f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so only its "
             "first optimizer step per batch is on-policy; set learner.ppo_epochs=1 and "
             "learner.num_mini_batches=1, or use algorithm.policy_loss=ppo_clip"
         )
-    if not algo.has_ratio and cfg.buffer.max_staleness > 0:
+    if not has_ratio(algo) and cfg.buffer.max_staleness > 0:
         raise ConfigError(
             f"algorithm.policy_loss={algo.policy_loss} has no importance ratio, so it cannot "
             f"learn from buffer.max_staleness={cfg.buffer.max_staleness} versions old "
             "samples; set buffer.max_staleness=0 or algorithm.policy_loss=ppo_clip"
         )
-    if cfg.critic.pretrain_steps and not algo.uses_critic:
+    if cfg.critic.pretrain_steps and not uses_critic(algo):
         raise ConfigError(
             f"critic.pretrain_steps={cfg.critic.pretrain_steps} but "
             f"algorithm.advantage={algo.advantage} uses no critic; set "
             "critic.pretrain_steps=0 or algorithm.advantage=gae"
         )
-    if algo.uses_critic and cfg.critic.pretrain_steps >= cfg.trainer.total_steps:
+    if uses_critic(algo) and cfg.critic.pretrain_steps >= cfg.trainer.total_steps:
         raise ConfigError(
             f"critic.pretrain_steps={cfg.critic.pretrain_steps} leaves no policy steps in "
             f"trainer.total_steps={cfg.trainer.total_steps}; lower critic.pretrain_steps"
         )
-    if algo.compares_group and cfg.rollout.n_samples < 2:
+    if compares_group(algo) and cfg.rollout.n_samples < 2:
         raise ConfigError(
             f"rollout.n_samples={cfg.rollout.n_samples}: algorithm.advantage="
             f"{cfg.algorithm.advantage} compares the samples of a prompt and needs at "
             "least 2; set rollout.n_samples=2 or more"
         )
-    if algo.uses_pass_k and algo.pass_k >= cfg.rollout.n_samples:
+    if uses_pass_k(algo) and algo.pass_k >= cfg.rollout.n_samples:
         raise ConfigError(
             f"algorithm.pass_k={algo.pass_k} with rollout.n_samples="
             f"{cfg.rollout.n_samples}: pass@k needs k < n_samples (at k = n_samples every "
@@ -195,7 +204,7 @@ def _check_batch_feeds_groups(cfg: TrainConfig) -> None:
     """Every size a learner group takes in the run has a mini-batch shard per rank."""
     samples = cfg.data.batch_size * cfg.rollout.n_samples
     groups = [("learner", cfg.learner)]
-    if cfg.algorithm.uses_critic:
+    if uses_critic(cfg.algorithm):
         groups.append(("critic", cfg.critic))
     for key, group in groups:
         for size_key, size in group_sizes(cfg, key):
@@ -207,7 +216,7 @@ def _check_batch_feeds_groups(cfg: TrainConfig) -> None:
                     f"{group.num_mini_batches}: {needed} mini-batch shards; raise "
                     f"data.batch_size, lower {key}.num_mini_batches or the ranks"
                 )
-    if cfg.critic.elastic.schedule and not cfg.algorithm.uses_critic:
+    if cfg.critic.elastic.schedule and not uses_critic(cfg.algorithm):
         raise ConfigError(
             f"critic.elastic.schedule is set but algorithm.advantage={cfg.algorithm.advantage} "
             "runs no critic; remove critic.elastic.schedule"
@@ -253,7 +262,7 @@ def _check_replay(cfg: TrainConfig) -> None:
             f"{cfg.rollout.n_samples} (a group keeps at least one sample of its own); lower "
             "buffer.replay.per_group"
         )
-    if cfg.algorithm.uses_tree:
+    if uses_tree(cfg.algorithm):
         raise ConfigError(
             f"buffer.replay.enabled=true with algorithm.advantage={cfg.algorithm.advantage}: "
             "a replayed sample belongs to an earlier group's tree, not this one's; set "
@@ -277,7 +286,7 @@ def _check_tree_rollouts(cfg: TrainConfig) -> None:
             "completes would go unseen; give the stops as rollout.stop_token_ids, or set "
             "rollout.tree.mode=fixed"
         )
-    if cfg.algorithm.uses_tree and not tree.enabled:
+    if uses_tree(cfg.algorithm) and not tree.enabled:
         raise ConfigError(
             f"algorithm.advantage={cfg.algorithm.advantage} reads the tree of tree rollouts, "
             "but rollout.tree.enabled=false; set rollout.tree.enabled=true or "
@@ -306,7 +315,7 @@ def _check_warm_start_tool_format(cfg: TrainConfig) -> None:
 
 def _check_multi_turn_advantage(cfg: TrainConfig) -> None:
     """Step-level advantages compare the turns of multi-turn trajectories."""
-    if cfg.algorithm.uses_turns and cfg.task.env.name is None:
+    if uses_turns(cfg.algorithm) and cfg.task.env.name is None:
         raise ConfigError(
             f"algorithm.advantage={cfg.algorithm.advantage} groups the model turns of "
             "multi-turn trajectories by the state they acted on, but task.env.name=null "

@@ -1,0 +1,59 @@
+"""A run's config as programs take it: read (``rlsys.config``: composed, each section's values
+checked), then resolved here: every name it gives looked up in its registry, and the
+sections checked against each other with what the named implementations can do.
+
+``rlsys.config`` is plain data and imports no implementation; this package is where the
+config meets the registries, so every program (``rlsys train``, ``plan``, ``submit``, the
+benchmarks) loads its config through ``load_config`` or ``load_run_config``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from rlsys.algorithms.traits import uses_critic
+from rlsys.config.elastic import RESIZABLE_GROUPS, deepspeed_refusal
+from rlsys.config.errors import ConfigError
+from rlsys.config.loader import read_config, read_run_config
+from rlsys.config.schema import TrainConfig
+from rlsys.resolve.across import check_train_config
+from rlsys.resolve.names import check_names
+
+__all__ = ["load_config", "load_run_config", "resized", "resolve"]
+
+
+def resolve(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its names and cross-section rules checked; raises ConfigError naming the
+    key at fault and the fix."""
+    check_names(cfg)
+    check_train_config(cfg)
+    return cfg
+
+
+def load_config(overrides: list[str] | None = None, config_name: str = "config") -> TrainConfig:
+    """Compose ``conf/<config_name>.yaml`` with ``overrides`` and check all of it."""
+    return resolve(read_config(overrides, config_name))
+
+
+def load_run_config(path: str | Path) -> TrainConfig:
+    """The config a run wrote (``<run_dir>/config.yaml``), checked again in full."""
+    return resolve(read_run_config(path))
+
+
+def resized(cfg: TrainConfig, sizes: dict[str, int]) -> TrainConfig:
+    """``cfg`` with the learner groups at ``sizes`` (``{"learner": 2}``), checked as a new run
+    of that size would be; raises ConfigError naming the key and the fix."""
+    changes = {}
+    for key, size in sizes.items():
+        if key not in RESIZABLE_GROUPS:
+            raise ConfigError(f"{key}: only {list(RESIZABLE_GROUPS)} are learner groups")
+        group = getattr(cfg, key)
+        if key == "critic" and not uses_critic(cfg.algorithm):
+            raise ConfigError(
+                f"critic={size}: algorithm.advantage={cfg.algorithm.advantage} runs no critic; "
+                "resize the learner alone"
+            )
+        if group.backend == "deepspeed" and size != group.world_size:
+            raise ConfigError(deepspeed_refusal(key, group.world_size))
+        changes[key] = dataclasses.replace(group, world_size=size)
+    return resolve(dataclasses.replace(cfg, **changes))

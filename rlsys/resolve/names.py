@@ -1,0 +1,75 @@
+"""The names a config gives (a task, an engine, a backend, a loss, ...) looked up in their
+registries, and what each implementation's traits forbid in the section that names it.
+
+The config holds names as plain strings (``rlsys.config`` imports no implementation); this
+is the one place they meet the registries. Each error is the registry's own: the key, the
+bad name and the known ones."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlsys.algorithms.estimators import ADVANTAGES
+from rlsys.algorithms.kl import KL_ESTIMATORS
+from rlsys.algorithms.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
+from rlsys.algorithms.offpolicy import OFF_POLICY_CORRECTIONS
+from rlsys.algorithms.preference import PREFERENCE_LOSSES
+from rlsys.backends import BACKENDS
+from rlsys.config.errors import ConfigError
+from rlsys.data.tasks import TASKS
+from rlsys.engines import ENGINES
+from rlsys.weight_sync import TRANSPORTS
+
+if TYPE_CHECKING:
+    from rlsys.config.algorithm import AlgorithmConfig
+    from rlsys.config.reward import RewardModelConfig
+    from rlsys.config.schema import TrainConfig
+
+
+def check_names(cfg: TrainConfig) -> None:
+    """Every registered name of ``cfg``, section by section."""
+    TASKS.check(cfg.task.name)
+    ENGINES.check(cfg.rollout.engine)
+    BACKENDS.check(cfg.learner.backend, key="learner.backend")
+    BACKENDS.check(cfg.critic.backend, key="critic.backend")
+    check_algorithm_names(cfg.algorithm)
+    if cfg.reference.backend is not None:
+        BACKENDS.check(cfg.reference.backend, key="reference.backend")
+    TRANSPORTS.check(cfg.weight_sync.transport)
+    check_reward_model_names(cfg.reward.model)
+    PREFERENCE_LOSSES.check(cfg.dpo.loss)
+
+
+def check_algorithm_names(algo: AlgorithmConfig) -> None:
+    """The algorithm's registered parts, and the settings their traits rule out."""
+    ADVANTAGES.check(algo.advantage)
+    POLICY_LOSSES.check(algo.policy_loss)
+    LOSS_AGGREGATIONS.check(algo.loss_agg)
+    KL_ESTIMATORS.check(algo.kl_estimator)
+    OFF_POLICY_CORRECTIONS.check(algo.off_policy)
+    if (
+        algo.kl_coef > 0
+        and algo.kl_penalty == "loss"
+        and KL_ESTIMATORS.trait(algo.kl_estimator, "zero_mean_grad")
+    ):
+        raise ConfigError(
+            f"algorithm.kl_estimator={algo.kl_estimator} as a loss term has a zero-mean "
+            "gradient (it only adds noise); use algorithm.kl_estimator=k2 (gradient of "
+            "KL(policy || reference)) or k3, or algorithm.kl_penalty=reward"
+        )
+    if algo.dual_clip is not None and not POLICY_LOSSES.trait(algo.policy_loss, "dual_clip"):
+        raise ConfigError(
+            f"algorithm.dual_clip applies to algorithm.policy_loss="
+            f"{' or '.join(POLICY_LOSSES.names(dual_clip=True))}, not {algo.policy_loss}; "
+            "set algorithm.dual_clip=null"
+        )
+
+
+def check_reward_model_names(model: RewardModelConfig) -> None:
+    """The reward model's backend, and whether it takes the model's dtype."""
+    BACKENDS.check(model.backend, key="reward.model.backend")
+    if model.dtype == "float16" and not BACKENDS.trait(model.backend, "float16"):
+        raise ConfigError(
+            f"reward.model.dtype=float16 does not work with reward.model.backend="
+            f"{model.backend}; use bfloat16 or backend=fsdp2"
+        )
