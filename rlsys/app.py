@@ -261,7 +261,7 @@ def train(cfg: TrainConfig) -> Path:
     base, tokenizer, task = _inputs(cfg)
     from rlsys.checkpoint import CheckpointStore  # after the checks: torch takes seconds
     from rlsys.pools import start_pools
-    from rlsys.trainers.rl.controller import Controller, save_final_policy
+    from rlsys.trainers.rl.controller import Controller
 
     saved: dict = {}
     if resume is None:
@@ -286,7 +286,6 @@ def train(cfg: TrainConfig) -> Path:
         cfg.trainer.total_steps,
         run_id=saved.get("tracker_run_id"),
     )
-    final = None
     try:
         controller = Controller(
             cfg,
@@ -303,18 +302,16 @@ def train(cfg: TrainConfig) -> Path:
             resumed_from = controller.recovery.restore_newest(candidates)
         stopped_by: list[str] = []
         with _on_stop_signals(controller.preempt, stopped_by):
-            summary = controller.run()
+            # the policy exported to checkpoints/final, unless stopped by SIGTERM
+            summary = controller.run(final=run_dir / "checkpoints" / "final")
         summary["stopped_by"] = stopped_by[0] if stopped_by else None
         summary["nodes"] = pools.node_ids()  # the Ray node of every actor, per pool
-        if not summary["preempted"]:
-            final = save_final_policy(pools, run_dir)
     finally:
         tracker.close()
         pools.shutdown()
     summary.update(
         run_dir=str(run_dir),
         model_path=policy_path,
-        final_model=str(final) if final else None,
         warm_start=warm,
         resumed_from=str(resumed_from) if resumed_from else None,
         dataset=task.summary(),

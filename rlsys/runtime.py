@@ -86,3 +86,31 @@ def release_free_memory() -> None:
     trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+# Fault injection (tests, and the hunt for the learner aborts of docs/status.md): a learner
+# rank whose environment has RLSYS_ABORT_AT=<phase>:<rank>:<n>:<marker file> aborts (SIGABRT,
+# as glibc's heap checks do) on entering its n-th call of <phase> (train_step,
+# save_checkpoint, save_hf, ...), once per marker file: it creates the file first, so the rank
+# that replaces it carries on. ``placement.thread_env`` passes the variable on to every actor.
+ABORT_ENV = "RLSYS_ABORT_AT"
+_calls: dict[str, int] = {}
+
+
+def abort_if_asked(phase: str, rank: int) -> None:
+    """Abort this process here if ``RLSYS_ABORT_AT`` names this ``phase`` call of ``rank``
+    and its marker file does not exist yet (see above)."""
+    spec = os.environ.get(ABORT_ENV)
+    if not spec:
+        return
+    want_phase, want_rank, nth, marker = spec.split(":", 3)
+    if want_phase != phase or int(want_rank) != rank:
+        return
+    _calls[phase] = _calls.get(phase, 0) + 1
+    if _calls[phase] != int(nth):
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # aborted once already: this is the replacement
+        return
+    os.abort()

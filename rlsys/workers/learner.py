@@ -13,6 +13,7 @@ from rlsys.algorithms.objectives import PolicyObjective, needs_old_logprobs
 from rlsys.config.learner import LearnerConfig
 from rlsys.config.schema import LoraConfig
 from rlsys.placement import ActorResources
+from rlsys.runtime import abort_if_asked
 from rlsys.types import TrainBatch
 from rlsys.weight_sync.base import SendResult, SyncAddress, WeightTransport
 from rlsys.workers.calls import get_all
@@ -111,6 +112,7 @@ class LearnerWorker:
     def train_step(
         self, batch: TrainBatch, objective, num_mini_batches: int, epochs: int, seed: int
     ) -> dict[str, float]:
+        abort_if_asked("train_step", self.rank)
         return self.backend.train_step(batch, objective, num_mini_batches, epochs, seed)
 
     def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
@@ -165,6 +167,7 @@ class LearnerWorker:
 
     def publish_weights(self, version: int, bucket_bytes: int) -> SendResult | None:
         """Gather full tensors bucket by bucket; rank 0 sends them to the engines."""
+        abort_if_asked("publish_weights", self.rank)
         buckets = self.backend.iter_weight_buckets(bucket_bytes)
         if self.rank == 0:
             return self.transport.send(buckets, version)
@@ -188,10 +191,12 @@ class LearnerWorker:
         return out if self.rank == 0 else None
 
     def save_hf(self, path: str) -> None:
+        abort_if_asked("save_hf", self.rank)
         self.backend.save_hf(path)
 
     def save_checkpoint(self, path: str) -> None:
         """This rank's part of a sharded checkpoint in the directory ``path``."""
+        abort_if_asked("save_checkpoint", self.rank)
         self.backend.save_checkpoint(path)
 
     def load_checkpoint(self, path: str) -> None:

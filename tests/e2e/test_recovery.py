@@ -149,3 +149,82 @@ def test_nonfinite_gradients_skip_steps_then_stop_the_run(run_controller, tmp_pa
     # steps 1 and 2 were logged with their optimizer steps skipped; step 3 stopped the run
     assert [r["step"] for r in trained] == [1, 2]
     assert all(r["train/skipped_steps"] >= 1 and r["train/grad_norm"] is None for r in trained)
+
+
+# A learner rank that aborts (SIGABRT, as glibc's heap checks abort: docs/status.md) in any
+# phase of `rlsys train`: the run goes back to its latest checkpoint and ends as a run that
+# never failed. Three steps, a checkpoint after step 2 and at exit, the final export.
+ABORT_RUN = [
+    *BASE,
+    "trainer.total_steps=3",
+    "checkpoint.every=2",
+    "warm_start.enabled=false",
+    "tracking.console=false",
+]
+COMPARED = ("rollout/reward_mean", "rollout/response_tokens", "train/loss", "train/grad_norm")
+
+
+def _train(tmp_path, name: str) -> tuple[dict, dict[int, dict], list[int]]:
+    """``rlsys.app.train`` in this process: its summary, records by step, logged steps."""
+    from rlsys import app
+    from rlsys.resolve import load_config
+
+    cfg = load_config([*ABORT_RUN, f"run.output_dir={tmp_path}", f"run.name={name}"])
+    summary = json.loads(app.train(cfg).read_text())
+    records = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    by_step: dict[int, dict] = {}
+    for record in records:
+        by_step.setdefault(record["step"], {}).update(record)
+    return summary, by_step, [r["step"] for r in records if "train/loss" in r]
+
+
+def _weights(final: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(f"{final}/model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def never_aborted(ray_cpu, tmp_path_factory):
+    summary, by_step, steps = _train(tmp_path_factory.mktemp("whole"), "whole")
+    assert summary["steps"] == 3 and steps == [1, 2, 3]
+    return summary, by_step, _weights(summary["final_model"])
+
+
+@pytest.mark.parametrize(
+    "abort_at",
+    [
+        # rank 1 in step 3's update: back to step 2's checkpoint
+        pytest.param("train_step:1:3", id="step"),
+        # rank 0 writing step 2's checkpoint: back to the start (none is complete yet)
+        pytest.param("save_checkpoint:0:1", id="checkpoint"),
+        # rank 1 gathering the final export after the last step: step 3's checkpoint
+        pytest.param("save_hf:1:1", id="final-save"),
+        # rank 1 writing the checkpoint at exit (step 3): step 2's
+        pytest.param("save_checkpoint:1:2", id="exit-checkpoint", marks=pytest.mark.long),
+        # rank 0 sending step 2's weights to the engines: the start
+        pytest.param("publish_weights:0:2", id="weight-sync", marks=pytest.mark.long),
+    ],
+)
+def test_a_learner_rank_that_aborts_sends_the_run_back_to_its_checkpoint(
+    never_aborted, tmp_path, monkeypatch, abort_at
+):
+    from rlsys.runtime import ABORT_ENV
+
+    whole, whole_steps, whole_weights = never_aborted
+    marker = tmp_path / "abort.marker"
+    monkeypatch.setenv(ABORT_ENV, f"{abort_at}:{marker}")
+    summary, by_step, steps = _train(tmp_path, "aborted")
+    assert marker.exists(), "the rank did not abort"
+    assert summary["restarts"] == {"rollout": 0, "learner": 1}
+    assert summary["steps"] == 3 and steps == [1, 2, 3]  # redone steps logged once
+    for step in (1, 2, 3):
+        for key in COMPARED:
+            assert by_step[step][key] == pytest.approx(whole_steps[step][key], rel=1e-6), (
+                step,
+                key,
+            )
+    assert summary["accounting"] == whole["accounting"]
+    weights = _weights(summary["final_model"])
+    assert weights.keys() == whole_weights.keys()
+    assert all((weights[k] == whole_weights[k]).all() for k in weights)

@@ -131,6 +131,37 @@ class Recovery:
             buffer.resume()
         return self.last_saved
 
+    def checkpoint_or_recover(self) -> bool:
+        """``save_checkpoint``; True once saved. A worker process that dies in it (a learner
+        rank's abort) is replaced and the run goes back to the latest complete checkpoint
+        (``recover``): False then, and the steps after that checkpoint are trained again."""
+        try:
+            self.save_checkpoint()
+        except Exception as exc:
+            if not self.recover(exc):
+                raise
+            return False
+        return True
+
+    def finish(self, at_exit: bool, final: Path | None) -> bool:
+        """The saves after the run's last step: its checkpoint (``at_exit``, unless it has one
+        already) and the policy exported to ``final`` as a Hugging Face directory (None: no
+        export). True once both are written; False when a rank died in one and the run went
+        back to the latest checkpoint: train the steps after it again, then call again."""
+        self.state.buffer.pause()
+        due = at_exit and self.checkpoints is not None and not self.saved_latest_step()
+        if due and not self.checkpoint_or_recover():
+            return False
+        if final is None:
+            return True
+        try:
+            self.pools.learner.save_hf(str(final))
+        except Exception as exc:
+            if not self.recover(exc):
+                raise
+            return False
+        return True
+
     def saved_latest_step(self) -> bool:
         """Whether the latest step has a checkpoint already."""
         return self.last_saved is not None and step_of(self.last_saved) == self.state.totals.steps
