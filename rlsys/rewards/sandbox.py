@@ -15,13 +15,19 @@ How one run is contained (Linux):
   sandbox dies with it, so a fork bomb cannot outlive its run.
 * Init builds a jail and pivots into it: a new root holding, read-only and at their own
   paths, only what ``jail_paths()`` lists (the interpreter, its standard library, the system
-  libraries), five /dev nodes, a fresh /proc that shows only the sandbox, and the program's
-  directory (``/tmp/work``, a tmpfs of ``disk_mb``, the one writable place).
+  libraries), five /dev nodes, a fresh read-only /proc that shows only the program's own
+  processes, and the program's directory (``/tmp/work``, a tmpfs of ``disk_mb``, the one
+  writable place).
 * Init forks the program's process, which sets the rlimits (CPU, address space,
-  processes, file size, open files, no core files), drops to an unprivileged uid when root
-  (one per concurrent run, so RLIMIT_NPROC counts only this run), sets no_new_privs and
-  execs ``python -I -S -B prog.py`` with a scrubbed environment. Init then holds the whole
-  sandbox to ``memory_mb`` and ``cpu_s`` (``sandbox_launcher._watch``).
+  processes, file size, open files, no core files) and enters a user namespace of its own
+  that owns none of the jail's namespaces; its ids there (``_program_ids``) are, as root, an
+  unprivileged uid (one per concurrent run, so RLIMIT_NPROC counts only this run), so that
+  even a program that regained root there is nobody to the host. It joins a fresh session
+  keyring, sets no_new_privs and a seccomp filter (io_uring, bpf, perf events, userfaultfd,
+  mounts, ptrace, new namespaces, netlink and vsock sockets, device nodes, keyrings...:
+  ``sandbox_launcher._deny_syscalls``) and execs ``python -I -S -B prog.py`` with a
+  scrubbed environment. Init then holds the whole sandbox to ``memory_mb`` and ``cpu_s``
+  (``sandbox_launcher._watch``).
 * The parent kills the launcher's process group after ``wall_s``; init dies with it.
 
 Where namespaces cannot be created the run is refused unless
@@ -138,9 +144,13 @@ def check_sandbox(cfg: SandboxConfig) -> None:
             "where it can"
         )
     if not support.isolated and not cfg.unsafe_no_isolation:
+        fix = (
+            "enable user namespaces (sysctl user.max_user_namespaces > 0)"
+            if os.geteuid() == 0
+            else "run as root or enable unprivileged user namespaces"
+        )
         raise ConfigError(
-            "the code sandbox cannot jail programs here (no namespaces: "
-            f"{support.reason}); run as root or enable unprivileged user namespaces, or set "
+            f"the code sandbox cannot jail programs here ({support.reason}); {fix}, or set "
             "reward.sandbox.unsafe_no_isolation=true to run the code anyway, unjailed and "
             "online, with only rlimits and an unprivileged user"
         )
@@ -360,8 +370,9 @@ def _launch_spec(
     }
     return {
         "isolate": support.isolated,
-        "userns": support.isolated and os.geteuid() != 0,
+        "userns": support.isolated and os.geteuid() != 0,  # the launcher's own, as non-root
         "uid": uid,
+        "ids": _program_ids(uid),
         "workdir": workdir,
         "jail": {**jail_paths(), "disk_mb": cfg.disk_mb},
         "cwd": cwd,
@@ -376,6 +387,19 @@ def _launch_spec(
         "status_fd": status_fd,
         "parent_pid": os.getpid(),
     }
+
+
+def _program_ids(uid: int | None) -> dict[str, list[int]]:
+    """The program's uid and gid inside its user namespace (isolated runs), each with the id
+    it is outside, as ``[inside, outside]``: the run's uid as root (the same number inside,
+    so the program is not root there); without root, the user's own ids. As root without a
+    uid of the run's own (``uid_mode="self"``, never chosen by ``_probe``: the tests' stand-in
+    for a program that regained root) it is the root of its namespace, and nobody outside."""
+    if os.geteuid() != 0:
+        return {"uid": [os.getuid(), os.getuid()], "gid": [os.getgid(), os.getgid()]}
+    if uid is None:
+        return {"uid": [0, _NOBODY], "gid": [0, _NOBODY]}
+    return {"uid": [uid, uid], "gid": [uid, uid]}
 
 
 def _interpreter() -> str:

@@ -13,18 +13,24 @@ keeps its start fast. In isolated mode it:
 * init builds the jail: a new root (a tmpfs over ``JAIL_ROOT``) holding read-only binds of
   only the paths the spec lists (the interpreter, its standard library, the system library
   directories; their package directories masked), /dev's null, zero, full, random and urandom,
-  a fresh /proc, and ``WORK_MOUNT``, a tmpfs of ``disk_mb`` holding ``prog.py``, the one
-  writable place; then it pivots into that root and detaches the host's tree;
+  a fresh /proc (``hidepid``: the program sees only its own processes; read-only once the
+  program's id maps are written), and ``WORK_MOUNT``, a tmpfs of ``disk_mb`` holding
+  ``prog.py``, the one writable place; then it pivots into that root and detaches the host's
+  tree;
 * init forks the program's process, then watches the whole sandbox: every ``_POLL_S`` it adds
   up the memory (anonymous and shared, then exactly by PSS when that passes the limit, plus
   memfds and SysV segments no process maps) and the CPU time of all its processes (each
   process's last seen, so children nobody waits for count too) and kills them all when a
   total passes the limit; it reports the program's wait status (and ``killed LIMIT``) on the
   status pipe;
-* the program's process sets the per-process rlimits, drops to the run's uid when one is
-  given, sets no_new_privs and execs the program with the spec's scrubbed environment.
+* the program's process sets the per-process rlimits, enters a user namespace of its own
+  (one that owns none of the jail's namespaces, so that even its root can change no mount,
+  network or process of the jail) where init maps its ids (``ids``: as root, the run's
+  unprivileged uid), joins a fresh session keyring, sets no_new_privs and a seccomp filter
+  (``_deny_syscalls``) and execs the program with the spec's scrubbed environment.
 
-Without isolation the launcher forks the program's process directly. A setup step that
+Without isolation the launcher forks the program's process directly (it drops to the
+run's uid when one is given; the filter holds where the machine has a table). A setup step that
 fails writes ``error MESSAGE`` on the status pipe and exits with ``SETUP_FAILED``. With
 SPEC ``{"kill_uid": UID}`` it instead kills every process of that uid.
 
@@ -54,15 +60,124 @@ _FILES_EVERY = 10  # polls between counts of memory held in files (memfd, SysV s
 _UNKNOWN_PSS = 1 << 62  # smaps_rollup unreadable: trust the resident upper bound
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PID_MAX = 1 << 22  # pids wrap below this (the kernel's largest pid_max)
-_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
-# Per machine: its seccomp audit arch, and the numbers of add_key, request_key and keyctl
-_SYS_KEYS = {
-    "x86_64": (0xC000003E, (248, 249, 250)),
-    "aarch64": (0xC00000B7, (217, 218, 219)),
-    "riscv64": (0xC00000F3, (217, 218, 219)),
-    "ppc64le": (0xC0000015, (269, 270, 271)),
-    "s390x": (0x80000016, (278, 279, 280)),
+# System call numbers the launcher calls (pivot_root, keyctl) or its seccomp filter denies,
+# per machine, with the machine's seccomp audit arch. aarch64 and riscv64 share the kernel's
+# generic table (asm-generic/unistd.h); any other machine has no filter table, and isolated
+# runs refuse there (``_syscall_table``).
+_GENERIC_SYSCALLS = {
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "add_key": 217,
+    "request_key": 218,
+    "keyctl": 219,
+    "bpf": 280,
+    "perf_event_open": 241,
+    "userfaultfd": 282,
+    "mount": 40,
+    "umount2": 39,
+    "pivot_root": 41,
+    "chroot": 51,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+    "open_tree_attr": 467,
+    "setns": 268,
+    "unshare": 97,
+    "clone": 220,
+    "clone3": 435,
+    "ptrace": 117,
+    "process_vm_readv": 270,
+    "process_vm_writev": 271,
+    "pidfd_getfd": 438,
+    "open_by_handle_at": 265,
+    "socket": 198,
+    "mknodat": 33,
+    "kexec_load": 104,
+    "kexec_file_load": 294,
+    "init_module": 105,
+    "finit_module": 273,
+    "delete_module": 106,
+    "reboot": 142,
+    "swapon": 224,
+    "swapoff": 225,
+    "acct": 89,
+    "syslog": 116,
 }
+_SYSCALLS = {
+    "x86_64": (
+        0xC000003E,
+        {
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "add_key": 248,
+            "request_key": 249,
+            "keyctl": 250,
+            "bpf": 321,
+            "perf_event_open": 298,
+            "userfaultfd": 323,
+            "mount": 165,
+            "umount2": 166,
+            "pivot_root": 155,
+            "chroot": 161,
+            "open_tree": 428,
+            "move_mount": 429,
+            "fsopen": 430,
+            "fsconfig": 431,
+            "fsmount": 432,
+            "fspick": 433,
+            "mount_setattr": 442,
+            "open_tree_attr": 467,
+            "setns": 308,
+            "unshare": 272,
+            "clone": 56,
+            "clone3": 435,
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "pidfd_getfd": 438,
+            "open_by_handle_at": 304,
+            "socket": 41,
+            "mknod": 133,
+            "mknodat": 259,
+            "kexec_load": 246,
+            "kexec_file_load": 320,
+            "init_module": 175,
+            "finit_module": 313,
+            "delete_module": 176,
+            "reboot": 169,
+            "swapon": 167,
+            "swapoff": 168,
+            "acct": 163,
+            "syslog": 103,
+            "iopl": 172,
+            "ioperm": 173,
+        },
+    ),
+    "aarch64": (0xC00000B7, _GENERIC_SYSCALLS),
+    "riscv64": (0xC00000F3, _GENERIC_SYSCALLS),
+}
+# The seccomp filter's deny-list (the program's, installed last before execve):
+_ENOSYS_CALLS = ("add_key", "request_key", "keyctl", "clone3")  # clone3: glibc falls back
+_EPERM_CALLS = (  # kernel interfaces a program has no use for, and the jail's own tools
+    *("io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open"),
+    *("userfaultfd", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount"),
+    *("fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "open_tree_attr", "setns"),
+    *("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "open_by_handle_at"),
+    *("kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module"),
+    *("reboot", "swapon", "swapoff", "acct", "syslog", "iopl", "ioperm"),
+)
+_DENIED_FAMILIES = (16, 40)  # socket(): AF_NETLINK, AF_VSOCK (it ignores network namespaces)
+# clone/unshare flags: every new namespace (a user namespace's root may make the others);
+# CLONE_NEWTIME (0x80) only for unshare (in clone's flags those bits are the exit signal)
+_CLONE_NEW_ANY = 0x7E020000
+_CLONE_NEWTIME = 0x80
+_S_IFMT, _S_IFCHR, _S_IFBLK = 0o170000, 0o020000, 0o060000  # mknod: no device nodes
 _X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same arch, numbers with this bit set
 _KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR = 0, 1, 7
 _KEY_SPEC_SESSION, _KEY_SPEC_USER, _KEY_SPEC_USER_SESSION = -3, -4, -5
@@ -84,7 +199,9 @@ _MS_KEEP = {  # per-mount flags a bind remount must repeat (locked in a user nam
 }
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
 _SECCOMP_MODE_FILTER, _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 2, 0x7FFF0000, 0x00050000
-_BPF_LD_ABS_W, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_BPF_LD_ABS_W, _BPF_JEQ_K, _BPF_JGE_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+_BPF_AND_K = 0x54
+_HIDEPID = "hidepid=2"  # /proc shows a process only to who may ptrace it: not init to the program
 
 
 _libc: ctypes.CDLL | None = None
@@ -175,10 +292,11 @@ def _build_jail(spec: dict) -> None:
     with open(prog, "wb") as f:
         f.write(program)
     os.chmod(prog, 0o644)
-    if spec["uid"] is not None:
-        os.chown(work, spec["uid"], spec["uid"])
+    if not spec["userns"]:  # root mode: the program's ids outside its user namespace
+        os.chown(work, spec["ids"]["uid"][1], spec["ids"]["gid"][1])
     os.makedirs(root + "/proc", mode=0o755)
-    _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    # writable until init has written the program's id maps (_map_program_ids)
+    _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, _HIDEPID)
     keep_writable = {work, root + "/proc", *(root + path for path, _, _ in devices)}
     for target, keep in _mount_points():
         if target.startswith(root + "/") and target not in keep_writable:
@@ -197,9 +315,7 @@ def _build_jail(spec: dict) -> None:
 
 def _pivot_root_here() -> None:
     """pivot_root(".", "."): the current directory becomes the root (glibc has no wrapper)."""
-    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
-    if number is None:
-        raise OSError(errno.ENOSYS, f"pivot_root: unknown system call on {os.uname().machine}")
+    number = _syscall_table(required=True)[1]["pivot_root"]
     global _libc
     _libc = _libc or ctypes.CDLL(None, use_errno=True)
     if _libc.syscall(number, b".", b".") != 0:
@@ -221,33 +337,95 @@ def _set_limits(limits: dict) -> None:
         resource.setrlimit(rlimit, value)
 
 
-def _exec_program(spec: dict) -> None:
+def _exec_program(spec: dict, handshake: tuple[int, int] | None = None) -> None:
+    """The program's process: limits, identity, keyrings, no_new_privs, the seccomp filter,
+    then execve. Isolated, it first enters a user namespace of its own (``handshake``: the
+    pipe ends to ask init for its id maps and to wait for them)."""
     os.chdir(spec["cwd"])
     _set_limits(spec["limits"])
     uid = spec["uid"]
-    if uid is not None:
+    if handshake is not None:
+        _enter_program_userns(spec, *handshake)
+    elif uid is not None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
     _fresh_keyrings(run_uid=uid is not None)
     _libc_call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no setuid binaries
-    _deny_keyrings()
+    _deny_syscalls(required=spec["isolate"])
     os.set_inheritable(spec["status_fd"], False)  # closes on exec: no message means success
     os.execve(spec["argv"][0], spec["argv"], spec["env"])
 
 
-def _keys_abi() -> tuple[int, tuple[int, int, int]]:
-    abi = _SYS_KEYS.get(os.uname().machine)
-    if abi is None:
-        raise OSError(errno.ENOSYS, f"keyrings: unknown system calls on {os.uname().machine}")
-    return abi
+def _enter_program_userns(spec: dict, ready_w: int, go_r: int) -> None:
+    """Unshare a user namespace for the program alone, have init map its ids (``ids``: the
+    program's uid and gid inside, and the unprivileged ids they are outside), take them. The
+    namespace owns nothing: the jail's mounts, network, PID and IPC namespaces belong to the
+    namespace above it, so even its root (every capability in it) can change none of them."""
+    if not spec["userns"]:  # root mode: drop root's supplementary groups while it may
+        os.setgroups([])
+    try:
+        _libc_call("unshare", _CLONE_NEWUSER)
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            "the jail runs the program in a user namespace of its own and this kernel refused "
+            f"one ({os.strerror(exc.errno)}): allow user namespaces (sysctl user.max_user_namespaces > 0; "
+            "in a container, a seccomp profile that permits unshare(CLONE_NEWUSER)), or set "
+            "reward.sandbox.unsafe_no_isolation=true to run code rewards unjailed",
+        ) from None
+    os.write(ready_w, b"u")
+    if os.read(go_r, 1) != b"g":
+        raise OSError(errno.EPIPE, "init did not map the program's user namespace")
+    os.close(ready_w)
+    os.close(go_r)
+    (uid, _), (gid, _) = spec["ids"]["uid"], spec["ids"]["gid"]
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # not 0 (but for uid_mode self as root): no capability at exec
+
+
+def _map_program_ids(spec: dict, pid: int, ready_r: int, go_w: int) -> None:
+    """Init's half of ``_enter_program_userns``: write the program's id maps (init holds
+    CAP_SETUID and CAP_SETGID over the namespace above), then make /proc read-only (it had
+    to be writable for the maps) and let the program go on."""
+    if os.read(ready_r, 1) != b"u":
+        return  # the program's process failed before (it reported why on the status pipe)
+    maps = [("setgroups", "deny")]
+    maps += [(f"{kind}_map", "{} {} 1".format(*spec["ids"][kind])) for kind in ("uid", "gid")]
+    for name, text in maps:
+        fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _mount(None, "/proc", None, flags)
+    os.write(go_w, b"g")
+
+
+def _syscall_table(required: bool) -> tuple[int, dict[str, int]] | None:
+    """This machine's seccomp audit arch and system call numbers; None where it has no table
+    and the filter is not ``required`` (unsafe mode: only the rlimits and the uid hold)."""
+    machine = os.uname().machine
+    table = _SYSCALLS.get(machine)
+    if table is None and required:
+        raise OSError(
+            errno.ENOSYS,
+            f"the jail's seccomp filter has no system call table for this machine ({machine}; "
+            f"it knows {', '.join(_SYSCALLS)}): run code rewards (task.reward=code_tests) on "
+            "such a host, or set reward.sandbox.unsafe_no_isolation=true to run them unjailed",
+        )
+    return table
 
 
 def _keyctl(operation: int, *args: int) -> int:
+    table = _syscall_table(required=False)
+    if table is None:
+        raise OSError(errno.ENOSYS, f"keyctl: no system call table for {os.uname().machine}")
     global _libc
     _libc = _libc or ctypes.CDLL(None, use_errno=True)
     _libc.syscall.restype = ctypes.c_long
-    number = _keys_abi()[1][2]
+    number = table[1]["keyctl"]
     value = _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in (operation, *args)))
     if value < 0:
         err = ctypes.get_errno()
@@ -274,24 +452,85 @@ def _fresh_keyrings(run_uid: bool) -> None:
             _keyctl(_KEYCTL_CLEAR, keyring)
 
 
-def _deny_keyrings() -> None:
-    """A seccomp filter (after no_new_privs) that fails add_key, request_key and keyctl with
-    ENOSYS, and every system call of another ABI (i386 or x32 on x86_64) that could reach
-    them by other numbers. Without it a program of the trainer's own uid (non-root mode)
-    finds the trainer's user keyrings in /proc/keys and may add keys to them."""
-    arch, numbers = _keys_abi()
-    deny = _SECCOMP_RET_ERRNO | errno.ENOSYS
-    checks = [(_BPF_JGE_K, _X32_SYSCALL_BIT)] if arch == _SYS_KEYS["x86_64"][0] else []
-    checks += [(_BPF_JEQ_K, number) for number in numbers]
-    program = [
+def _filter_program(arch: int, numbers: dict[str, int]) -> list[tuple[int, int, int, int]]:
+    """The classic BPF program of ``_deny_syscalls``: (code, jump if true, jump if false, k)."""
+    low = 4 if sys.byteorder == "big" else 0  # the low 32 bits of a 64-bit argument
+
+    def arg(index: int) -> tuple:
+        return (_BPF_LD_ABS_W, 0, 0, 16 + 8 * index + low)  # seccomp_data.args[index]
+
+    # jumps name a label; the labels' returns and argument checks follow the number checks
+    code: list[tuple] = [
         (_BPF_LD_ABS_W, 0, 0, 4),  # seccomp_data.arch
-        (_BPF_JEQ_K, 1, 0, arch),
-        (_BPF_RET_K, 0, 0, deny),
+        (_BPF_JEQ_K, 0, "enosys", arch),
         (_BPF_LD_ABS_W, 0, 0, 0),  # seccomp_data.nr
-        *((op, len(checks) - i, 0, k) for i, (op, k) in enumerate(checks)),  # to "deny"
-        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
-        (_BPF_RET_K, 0, 0, deny),
     ]
+    if arch == _SYSCALLS["x86_64"][0]:
+        code.append((_BPF_JGE_K, "enosys", 0, _X32_SYSCALL_BIT))
+    branches = {"socket": "socket", "clone": "clone", "unshare": "unshare"}
+    branches.update({"mknod": "mknod", "mknodat": "mknodat"})
+    for names, label in ((_ENOSYS_CALLS, "enosys"), (_EPERM_CALLS, "eperm")):
+        code += [(_BPF_JEQ_K, label, 0, numbers[n]) for n in names if n in numbers]
+    code += [(_BPF_JEQ_K, label, 0, numbers[n]) for n, label in branches.items() if n in numbers]
+    code.append((_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW))
+    labels = {}
+
+    def block(label: str, *insns: tuple) -> None:
+        labels[label] = len(code)
+        code.extend(insns)
+
+    allow = (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW)
+    block(
+        "socket",
+        arg(0),
+        *((_BPF_JEQ_K, "eafnosupport", 0, family) for family in _DENIED_FAMILIES),
+        allow,
+    )
+    block("clone", arg(0), (_BPF_JSET_K, "eperm", 0, _CLONE_NEW_ANY), allow)  # clone(flags, ...)
+    block("unshare", arg(0), (_BPF_JSET_K, "eperm", 0, _CLONE_NEW_ANY | _CLONE_NEWTIME), allow)
+    for label, mode in (("mknod", 1), ("mknodat", 2)):  # (path, mode, dev), (dirfd, path, ...)
+        block(
+            label,
+            arg(mode),
+            (_BPF_AND_K, 0, 0, _S_IFMT),
+            (_BPF_JEQ_K, "eperm", 0, _S_IFCHR),
+            (_BPF_JEQ_K, "eperm", 0, _S_IFBLK),
+            allow,
+        )
+    for label, err in (
+        ("enosys", errno.ENOSYS),
+        ("eperm", errno.EPERM),
+        ("eafnosupport", errno.EAFNOSUPPORT),
+    ):
+        block(label, (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | err))
+    program = []
+    for index, (op, jt, jf, k) in enumerate(code):
+        jt, jf = (labels[j] - index - 1 if isinstance(j, str) else j for j in (jt, jf))
+        assert 0 <= jt < 256 and 0 <= jf < 256, (index, jt, jf)
+        program.append((op, jt, jf, k))
+    return program
+
+
+def _deny_syscalls(required: bool) -> None:
+    """The program's seccomp filter (after no_new_privs, right before execve, so that it holds
+    for the program and all it starts, and never for init). It fails with
+
+    * ENOSYS: add_key, request_key and keyctl (the trainer's keyrings), clone3 (its flags are
+      out of a filter's reach; glibc then falls back to clone), and every system call of
+      another ABI (i386, x32) that could reach the rest by other numbers;
+    * EPERM: io_uring, bpf, perf_event_open, userfaultfd, the mount family (mount, umount2,
+      pivot_root, chroot, the new mount API), setns, ptrace and process_vm_readv/writev and
+      pidfd_getfd, open_by_handle_at, the kernel's administration (modules, kexec, reboot,
+      swap, acct, syslog, x86 I/O ports), clone and unshare with any new namespace flag, and
+      mknod of a character or block device (a FIFO is fine);
+    * EAFNOSUPPORT: socket() of AF_NETLINK and AF_VSOCK.
+
+    ``required`` (isolated runs): a machine without a table (``_SYSCALLS``) refuses the run;
+    otherwise (unsafe mode) it runs unfiltered."""
+    table = _syscall_table(required)
+    if table is None:
+        return
+    program = _filter_program(*table)
 
     class SockFilter(ctypes.Structure):
         _fields_ = (
@@ -306,7 +545,17 @@ def _deny_keyrings() -> None:
 
     filters = (SockFilter * len(program))(*(SockFilter(*insn) for insn in program))
     fprog = SockFprog(len(program), filters)
-    _libc_call("prctl", _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+    try:
+        _libc_call("prctl", _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        raise OSError(
+            exc.errno,
+            "this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER), which the jail needs: "
+            "run code rewards on a kernel built with them, or set "
+            "reward.sandbox.unsafe_no_isolation=true to run them unjailed",
+        ) from None
 
 
 def _exit_like(status: int) -> None:
@@ -346,16 +595,30 @@ def _enter_namespaces(spec: dict) -> None:
 
 def _init(spec: dict) -> None:
     """PID 1 of the sandbox (isolated mode): builds the jail, runs the program, holds the
-    whole sandbox to its memory and CPU limits, and reports the program's wait status."""
+    whole sandbox to its memory and CPU limits, and reports the program's wait status. It
+    keeps the launcher's credentials (as root, every capability: it maps the program's ids
+    and sizes mapped files through /proc/PID/map_files); the program cannot reach it (not
+    dumpable, hidden from /proc, and in a namespace above the program's)."""
     _libc_call("prctl", _PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     _libc_call("prctl", _PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program cannot ptrace init
     # PID 1 gets only the signals it handles: with none handled, the program (the same uid
     # in a user namespace) cannot interrupt init to hide a verdict
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _build_jail(spec)
+    (ready_r, ready_w), (go_r, go_w) = os.pipe(), os.pipe()  # close on exec
     pid = os.fork()
     if pid == 0:
-        _guarded(spec["status_fd"], _exec_program, spec)
+        os.close(ready_r)
+        os.close(go_w)
+        # dumpable again until execve: else /proc (hidepid) hides this process from init in
+        # non-root mode, where init has no capability over the host's namespace
+        _libc_call("prctl", _PR_SET_DUMPABLE, 1, 0, 0, 0)
+        _guarded(spec["status_fd"], _exec_program, spec, (ready_w, go_r))
+    os.close(ready_w)
+    os.close(go_r)
+    _guarded(spec["status_fd"], _map_program_ids, spec, pid, ready_r, go_w)
+    os.close(ready_r)
+    os.close(go_w)
     status, exceeded = _watch(pid, spec["limits"])
     if exceeded:
         os.write(spec["status_fd"], f"killed {exceeded}\n".encode())
@@ -644,6 +907,7 @@ def _launcher_main(spec: dict) -> None:
     if os.getppid() != spec["parent_pid"]:
         os._exit(SETUP_FAILED)
     if spec["isolate"]:
+        _guarded(status_fd, _syscall_table, True)  # refuse at once where the filter cannot be
         _guarded(status_fd, _enter_namespaces, spec)
     pid = os.fork()
     if pid == 0:
