@@ -31,9 +31,12 @@ class Registry(Generic[T]):
         self.config_key = config_key  # the config key whose values are this registry's names
         self._items: dict[str, T] = {}
         self._traits: dict[str, dict[str, Any]] = {}
+        self._settings: dict[str, type | None] = {}
 
-    def register(self, name: str, **traits: Any) -> Callable[[T], T]:
-        """Decorator: register the item as ``name`` with ``traits``; returns it unchanged."""
+    def register(self, name: str, settings: type | None = None, **traits: Any) -> Callable[[T], T]:
+        """Decorator: register the item as ``name`` with ``traits`` and, for a kind whose
+        implementations take their own settings, its ``settings`` dataclass
+        (``rlsys.algorithms.settings``); returns the item unchanged."""
 
         def add(item: T) -> T:
             if name in self._items:
@@ -43,6 +46,7 @@ class Registry(Generic[T]):
                 )
             self._items[name] = item
             self._traits[name] = dict(traits)
+            self._settings[name] = settings
             return item
 
         return add
@@ -50,7 +54,7 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         """Remove ``name`` (tests and plugins that registered something temporary)."""
         self.check(name)
-        del self._items[name], self._traits[name]
+        del self._items[name], self._traits[name], self._settings[name]
 
     def check(self, name: str, key: str | None = None) -> None:
         """Raise a ``ConfigError`` naming the config key (``key``, default this registry's),
@@ -80,6 +84,11 @@ class Registry(Generic[T]):
         """Trait ``key`` of the implementation registered as ``name`` (``default`` if unset)."""
         self.check(name)
         return self._traits[name].get(key, default)
+
+    def settings(self, name: str) -> type | None:
+        """The settings dataclass ``name`` registered with (None: it takes none)."""
+        self.check(name)
+        return self._settings[name]
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

@@ -2,17 +2,17 @@
 
 Every loss returns a (B, T-1) tensor of per-token losses (to be minimised) plus detached
 metrics; the learner weighs them with ``loss_weights`` and sums, so a loss never sees
-padding rules or sharding. ``POLICY_LOSSES`` (``algorithm.policy_loss``) and
-``LOSS_AGGREGATIONS`` (``algorithm.loss_agg``) register them under their config names.
+padding rules or sharding. ``LOSS_AGGREGATIONS`` (``algorithm.loss_agg``) registers the
+aggregations under their config names; ``rlsys.algorithms.policy_losses`` registers the policy
+losses with their settings.
 
-Torch is not imported here (tensor methods only): the config validates names against these
+Torch is not imported here (tensor methods only): a config is resolved against these
 registries without paying for torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlsys.registry import Registry
@@ -315,103 +315,6 @@ def policy_gradient_loss(
     No importance ratio: exact only on-policy (one epoch, one mini-batch); its gradient
     equals PPO's at ratio 1."""
     return -advantages * logprobs, {}
-
-
-@dataclass
-class PolicyLossInputs:
-    """What a policy loss may use: the tensors of a micro-batch, (B, T-1) each, and the
-    clip settings of ``algorithm``."""
-
-    logprobs: torch.Tensor  # log pi(a|s) of the sampled tokens under the learner (gradient)
-    old_logprobs: torch.Tensor  # the same before the update (the proximal policy), detached
-    advantages: torch.Tensor  # per-token advantages
-    mask: torch.Tensor  # 1 on trained response tokens
-    clip_low: float = 0.2  # algorithm.clip_eps
-    clip_high: float = 0.2  # algorithm.clip_eps_high (or clip_eps)
-    dual_clip: float | None = None  # algorithm.dual_clip
-    log_ratio_clamp: float = 10.0  # algorithm.gspo_log_ratio_clamp (gspo, gmpo)
-    sapo_tau_pos: float = 1.0  # algorithm.sapo_tau_pos
-    sapo_tau_neg: float = 1.05  # algorithm.sapo_tau_neg
-    cov_ratio: float = 0.02  # algorithm.cov_ratio (clip_cov, kl_cov)
-    clip_cov_low: float = 1.0  # algorithm.clip_cov_low
-    clip_cov_high: float = 5.0  # algorithm.clip_cov_high
-    kl_cov_coef: float = 1.0  # algorithm.kl_cov_coef
-
-
-# Traits: ``ratio`` (an importance ratio against old_logprobs: the loss stays right over
-# several optimizer steps per batch and on stale samples), ``dual_clip`` (honours
-# algorithm.dual_clip).
-PolicyLoss = Callable[[PolicyLossInputs], "tuple[torch.Tensor, Metrics]"]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "algorithm.policy_loss")
-
-
-@POLICY_LOSSES.register("ppo_clip", ratio=True, dual_clip=True)
-def ppo_clip(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return ppo_clip_loss(
-        x.logprobs, x.old_logprobs, x.advantages, x.clip_low, x.clip_high, x.dual_clip
-    )
-
-
-@POLICY_LOSSES.register("gspo", ratio=True)
-def gspo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return gspo_loss(
-        x.logprobs,
-        x.old_logprobs,
-        x.advantages,
-        x.mask,
-        x.clip_low,
-        x.clip_high,
-        x.log_ratio_clamp,
-    )
-
-
-@POLICY_LOSSES.register("cispo", ratio=True)
-def cispo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return cispo_loss(x.logprobs, x.old_logprobs, x.advantages, x.clip_low, x.clip_high)
-
-
-@POLICY_LOSSES.register("gmpo", ratio=True)
-def gmpo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return gmpo_loss(
-        x.logprobs,
-        x.old_logprobs,
-        x.advantages,
-        x.mask,
-        x.clip_low,
-        x.clip_high,
-        x.log_ratio_clamp,
-    )
-
-
-@POLICY_LOSSES.register("sapo", ratio=True)
-def sapo(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return sapo_loss(x.logprobs, x.old_logprobs, x.advantages, x.sapo_tau_pos, x.sapo_tau_neg)
-
-
-@POLICY_LOSSES.register("clip_cov", ratio=True, dual_clip=True)
-def clip_cov(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return clip_cov_loss(
-        x.logprobs,
-        x.old_logprobs,
-        x.advantages,
-        x.mask,
-        x.clip_low,
-        x.clip_high,
-        x.cov_ratio,
-        x.clip_cov_low,
-        x.clip_cov_high,
-        x.dual_clip,
-    )
-
-
-@POLICY_LOSSES.register("kl_cov", ratio=True)
-def kl_cov(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return kl_cov_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, x.cov_ratio, x.kl_cov_coef)
-
-
-@POLICY_LOSSES.register("vanilla")
-def vanilla(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
-    return policy_gradient_loss(x.logprobs, x.advantages)
 
 
 def value_loss(

@@ -10,13 +10,15 @@ objective (or advantage estimator) plus a preset, never a new trainer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from rlsys.algorithms.kl import kl_estimate
-from rlsys.algorithms.losses import POLICY_LOSSES, PolicyLossInputs, nll_loss, value_loss
+from rlsys.algorithms.losses import nll_loss, value_loss
+from rlsys.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs
 from rlsys.algorithms.preference import bradley_terry_loss, dpo_loss, spread_over_pairs
+from rlsys.algorithms.settings import NoSettings
 
 Tensors = dict[str, torch.Tensor]
 
@@ -61,20 +63,13 @@ class PolicyObjective:
     ``old_logprobs``, or, when it has none, against this pass's own log-probabilities,
     detached (one optimizer step per batch: see ``needs_old_logprobs``)."""
 
-    policy_loss: str = "ppo_clip"  # a name in losses.POLICY_LOSSES
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None  # ppo_clip only
+    policy_loss: str = "ppo_clip"  # a name in policy_losses.POLICY_LOSSES
+    # its settings (a frozen dataclass: policy_losses.policy_loss_settings); None: the
+    # registered settings class's defaults
+    loss_settings: Any = None
     kl_coef: float = 0.0  # weight of the KL loss term (0: none; a reward penalty is not here)
     kl_estimator: str = "k3"
     kl_clamp: float | None = 10.0  # per-token bound of the KL term (see kl.kl_estimate)
-    gspo_log_ratio_clamp: float = 10.0  # see losses.gspo_loss (and gmpo_loss)
-    sapo_tau_pos: float = 1.0  # see losses.sapo_loss
-    sapo_tau_neg: float = 1.05
-    cov_ratio: float = 0.02  # see losses.clip_cov_loss and kl_cov_loss
-    clip_cov_low: float = 1.0
-    clip_cov_high: float = 5.0
-    kl_cov_coef: float = 1.0
     entropy_coef: float = 0.0
     loss_agg: str = "token_mean"  # see losses.loss_weights
     loss_agg_norm: float | None = None  # seq_sum_norm's constant
@@ -91,25 +86,12 @@ class PolicyObjective:
         from_this_pass = old is None  # see needs_old_logprobs: at the pre-update weights
         if from_this_pass:
             old = logprobs.detach()
+        settings = self.loss_settings
+        if settings is None:
+            settings = (POLICY_LOSSES.settings(self.policy_loss) or NoSettings)()
         policy_loss = POLICY_LOSSES.get(self.policy_loss)
-        loss, metrics = policy_loss(
-            PolicyLossInputs(
-                logprobs=logprobs,
-                old_logprobs=old,
-                advantages=batch["advantages"],
-                mask=batch["loss_mask"],
-                clip_low=self.clip_low,
-                clip_high=self.clip_high,
-                dual_clip=self.dual_clip,
-                log_ratio_clamp=self.gspo_log_ratio_clamp,
-                sapo_tau_pos=self.sapo_tau_pos,
-                sapo_tau_neg=self.sapo_tau_neg,
-                cov_ratio=self.cov_ratio,
-                clip_cov_low=self.clip_cov_low,
-                clip_cov_high=self.clip_cov_high,
-                kl_cov_coef=self.kl_cov_coef,
-            )
-        )
+        inputs = PolicyLossInputs(logprobs, old, batch["advantages"], batch["loss_mask"])
+        loss, metrics = policy_loss(inputs, settings)
         if from_this_pass and "behaviour_logprobs" in batch:
             # engine vs learner before the update (the controller's metric when it has them)
             metrics["logprob_mismatch"] = (batch["behaviour_logprobs"] - old).abs()

@@ -15,6 +15,7 @@ from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, Advantages
 from rlsys.algorithms.kl import adaptive_kl_coef, kl_estimate
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.offpolicy import importance_weights
+from rlsys.algorithms.policy_losses import policy_loss_settings
 from rlsys.algorithms.shaping import overlong_buffer_len, overlong_penalty
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.types import RolloutGroup, Sample, TrainBatch, Turn
@@ -28,6 +29,7 @@ class Recipe:
         self.group_size = group_size
         self.max_new_tokens = max_new_tokens
         self.estimator = ADVANTAGES.get(cfg.advantage)
+        self.loss_settings = policy_loss_settings(cfg)
         self.kl_coef = cfg.kl_coef
         self.overlong_buffer = overlong_buffer_len(max_new_tokens, cfg.overlong_buffer_frac)
 
@@ -139,19 +141,10 @@ class Recipe:
         cfg = self.cfg
         return PolicyObjective(
             policy_loss=cfg.policy_loss,
-            clip_low=cfg.clip_eps,
-            clip_high=cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps,
-            dual_clip=cfg.dual_clip,
+            loss_settings=self.loss_settings,
             kl_coef=self.kl_coef if cfg.kl_penalty == "loss" else 0.0,
             kl_estimator=cfg.kl_estimator,
             kl_clamp=cfg.kl_clamp,
-            gspo_log_ratio_clamp=cfg.gspo_log_ratio_clamp,
-            sapo_tau_pos=cfg.sapo_tau_pos,
-            sapo_tau_neg=cfg.sapo_tau_neg,
-            cov_ratio=cfg.cov_ratio,
-            clip_cov_low=cfg.clip_cov_low,
-            clip_cov_high=cfg.clip_cov_high,
-            kl_cov_coef=cfg.kl_cov_coef,
             entropy_coef=cfg.entropy_coef,
             loss_agg=cfg.loss_agg,
             loss_agg_norm=float(cfg.loss_agg_norm or self.max_new_tokens),

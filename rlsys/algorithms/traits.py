@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlsys.algorithms.estimators import ADVANTAGES
-from rlsys.algorithms.losses import POLICY_LOSSES
+from rlsys.algorithms.policy_losses import POLICY_LOSSES
 
 if TYPE_CHECKING:
     from rlsys.config.algorithm import AlgorithmConfig

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
@@ -101,6 +102,10 @@ class AlgorithmConfig:
     # weight exceeds off_policy_cap get none). See rlsys/algorithms/offpolicy.py.
     off_policy: str = "none"
     off_policy_cap: float = 2.0  # the importance-weight bound of tis / decoupled (>= 1)
+    # The policy loss's own settings by name, over what the flat keys above give it (each
+    # loss's settings class in rlsys/algorithms/policy_losses.py lists them), e.g.
+    # {tau_pos: 0.5} for sapo; a loss added in a plugin takes all of its settings here.
+    policy_loss_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # The names (advantage, policy_loss, loss_agg, kl_estimator, off_policy) and what their

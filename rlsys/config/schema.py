@@ -558,6 +558,11 @@ class TrainConfig:
     # Continue a run from its latest complete checkpoint: "auto" (run.name's directory, else
     # the newest run in run.output_dir that has one), a run directory, or a checkpoint.
     resume: str | None = None
+    # Python files (or module names) every process of the run imports before the config is
+    # resolved: implementations that register themselves (a loss, an estimator, a reward, a
+    # task) from outside rlsys, named then like built-in ones (docs/extending.md). A saved
+    # run config never imports them by itself.
+    plugins: list[str] = field(default_factory=list)
 
     @property
     def reference_from_learner(self) -> bool:

@@ -3,6 +3,7 @@ launcher (``rlsys submit`` with the default ``launcher=local``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from rlsys.placement import (
     custom_resources_needed,
     wants_gpus,
 )
+from rlsys.resolve.plugins import ENV as PLUGINS_ENV
+from rlsys.resolve.plugins import SETUP_HOOK as PLUGINS_SETUP_HOOK
 
 
 def _local_gpus(cluster: ClusterConfig) -> int:
@@ -72,8 +75,12 @@ def connect_ray(cfg: TrainConfig, roles: Roles) -> dict[str, float]:
         for key in ("RLSYS_CACHE_DIR", "RLSYS_CONF_DIR"):
             if key in os.environ:
                 env[key] = os.environ[key]
+        runtime_env: dict = {"env_vars": env}
+        if cfg.plugins:  # every worker imports them before it unpickles anything of theirs
+            env[PLUGINS_ENV] = json.dumps(cfg.plugins)
+            runtime_env["worker_process_setup_hook"] = PLUGINS_SETUP_HOOK
         kwargs = {
-            "runtime_env": {"env_vars": env},
+            "runtime_env": runtime_env,
             "log_to_driver": True,
             "include_dashboard": False,
         }

@@ -18,13 +18,16 @@ from rlsys.config.loader import read_config, read_run_config
 from rlsys.config.schema import TrainConfig
 from rlsys.resolve.across import check_train_config
 from rlsys.resolve.names import check_names
+from rlsys.resolve.plugins import absolute, load_plugins
 
 __all__ = ["load_config", "load_run_config", "resized", "resolve"]
 
 
 def resolve(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with its names and cross-section rules checked; raises ConfigError naming the
-    key at fault and the fix."""
+    """``cfg`` with its plugins imported (their paths made absolute), its names and
+    cross-section rules checked; raises ConfigError naming the key at fault and the fix."""
+    load_plugins(cfg.plugins)
+    cfg = dataclasses.replace(cfg, plugins=absolute(cfg.plugins)) if cfg.plugins else cfg
     check_names(cfg)
     check_train_config(cfg)
     return cfg
@@ -35,9 +38,19 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
     return resolve(read_config(overrides, config_name))
 
 
-def load_run_config(path: str | Path) -> TrainConfig:
-    """The config a run wrote (``<run_dir>/config.yaml``), checked again in full."""
-    return resolve(read_run_config(path))
+def load_run_config(path: str | Path, plugins: bool = False) -> TrainConfig:
+    """The config a run wrote (``<run_dir>/config.yaml``), checked again in full. A config
+    naming plugins is refused unless ``plugins`` (the caller knows the run is the user's own,
+    e.g. a live run on this machine, which imported them already): reading a run directory
+    must not run code."""
+    cfg = read_run_config(path)
+    if cfg.plugins and not plugins:
+        raise ConfigError(
+            f"{path} names plugins {cfg.plugins}: they run code, and a saved run config does "
+            "not import them by itself; run the command with the plugins given on its own "
+            "command line, or remove plugins from that config"
+        )
+    return resolve(cfg)
 
 
 def resized(cfg: TrainConfig, sizes: dict[str, int]) -> TrainConfig:

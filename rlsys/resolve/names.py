@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 from rlsys.algorithms.estimators import ADVANTAGES
 from rlsys.algorithms.kl import KL_ESTIMATORS
-from rlsys.algorithms.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
+from rlsys.algorithms.losses import LOSS_AGGREGATIONS
 from rlsys.algorithms.offpolicy import OFF_POLICY_CORRECTIONS
+from rlsys.algorithms.policy_losses import POLICY_LOSSES, policy_loss_settings
 from rlsys.algorithms.preference import PREFERENCE_LOSSES
 from rlsys.backends import BACKENDS
 from rlsys.config.errors import ConfigError
@@ -47,6 +48,7 @@ def check_algorithm_names(algo: AlgorithmConfig) -> None:
     LOSS_AGGREGATIONS.check(algo.loss_agg)
     KL_ESTIMATORS.check(algo.kl_estimator)
     OFF_POLICY_CORRECTIONS.check(algo.off_policy)
+    policy_loss_settings(algo)  # its own settings: unknown or bad ones named
     if (
         algo.kl_coef > 0
         and algo.kl_penalty == "loss"

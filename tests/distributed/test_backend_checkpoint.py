@@ -12,10 +12,11 @@ import torch
 from backend_harness import NO_DEEPSPEED, build, full_state, run_ranks, toy_batch, train_on
 
 from rlsys.algorithms.objectives import PolicyObjective
+from rlsys.algorithms.policy_losses import ClipSettings
 from rlsys.backends.checkpoint import BackendCheckpointError
 from rlsys.models.loading import load_tokenizer
 
-OBJECTIVE = PolicyObjective(dual_clip=3.0)
+OBJECTIVE = PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0))
 KINDS = ["fsdp2", "zero2", "zero3"]
 TOP_LEVEL = {"backend.json", "state.json", "rng"}
 SHARDS = {"fsdp2": "dcp", "zero2": "deepspeed", "zero3": "deepspeed"}

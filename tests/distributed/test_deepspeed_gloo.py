@@ -11,8 +11,12 @@ import torch
 from backend_harness import NO_DEEPSPEED, build, full_state, run_ranks, toy_batch
 
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
+from rlsys.algorithms.policy_losses import ClipSettings
 
-OBJECTIVES = {"policy": PolicyObjective(dual_clip=3.0), "value": ValueObjective(clip=0.2)}
+OBJECTIVES = {
+    "policy": PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)),
+    "value": ValueObjective(clip=0.2),
+}
 BUCKET_LIMIT = 64 * 1024
 
 

@@ -11,6 +11,7 @@ import torch
 from backend_harness import run_ranks, toy_batch
 
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
+from rlsys.algorithms.policy_losses import ClipSettings, SequenceClipSettings
 from rlsys.config.learner import OptimConfig
 
 
@@ -76,16 +77,25 @@ def _logprobs(results: list[dict], case: str) -> np.ndarray:
 
 OBJECTIVES = {
     "sft": (SFTObjective(), "policy"),
-    "ppo": (PolicyObjective(dual_clip=3.0), "policy"),
-    "gspo": (PolicyObjective("gspo", 3e-4, 4e-4, loss_agg="seq_mean_token_mean"), "policy"),
+    "ppo": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
+    "gspo": (
+        PolicyObjective("gspo", SequenceClipSettings(3e-4, 4e-4), loss_agg="seq_mean_token_mean"),
+        "policy",
+    ),
     "dr_grpo": (PolicyObjective(loss_agg="seq_sum_norm", loss_agg_norm=8.0), "policy"),
     "critic": (ValueObjective(clip=0.2), "value"),
     # one optimizer step on the batch, its old logprobs from the forward pass before it
     # (ppo_pass; on one rank, which holds every row) or from the training pass (ppo_fused)
-    "ppo_pass": (PolicyObjective(dual_clip=3.0), "policy"),
-    "ppo_fused": (PolicyObjective(dual_clip=3.0), "policy"),
-    "ppo_bf16": (PolicyObjective(dual_clip=3.0), "policy"),  # learner.mixed_precision=bfloat16
-    "ppo_compiled": (PolicyObjective(dual_clip=3.0), "policy"),  # learner.compile=true
+    "ppo_pass": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
+    "ppo_fused": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
+    "ppo_bf16": (
+        PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)),
+        "policy",
+    ),  # learner.mixed_precision=bfloat16
+    "ppo_compiled": (
+        PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)),
+        "policy",
+    ),  # learner.compile=true
 }
 SINGLE_STEP = ("ppo_pass", "ppo_fused")
 ONE_RANK_ONLY = ("ppo_pass", "ppo_bf16")

@@ -13,9 +13,10 @@ import torch
 from backend_harness import NO_DEEPSPEED, build, full_state, run_ranks, toy_batch, train_on
 
 from rlsys.algorithms.objectives import PolicyObjective
+from rlsys.algorithms.policy_losses import ClipSettings
 from rlsys.config.schema import LoraConfig
 
-OBJECTIVE = PolicyObjective(dual_clip=3.0)
+OBJECTIVE = PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0))
 LORA = LoraConfig(rank=4, alpha=8.0)
 TARGETS = len(LORA.target_modules)
 

@@ -14,9 +14,10 @@ import torch
 from backend_harness import NO_DEEPSPEED, full_state, learner_config, run_ranks, toy_batch
 
 from rlsys.algorithms.objectives import PolicyObjective
+from rlsys.algorithms.policy_losses import ClipSettings
 from rlsys.config.schema import LoraConfig
 
-OBJECTIVE = PolicyObjective(dual_clip=3.0)
+OBJECTIVE = PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0))
 LORA = LoraConfig(rank=4, alpha=8.0)
 # Recomputing a layer runs the same ops on the same inputs: fp32 results agree to rounding.
 CKPT_RTOL = 1e-5

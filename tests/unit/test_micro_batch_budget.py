@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from rlsys.algorithms.objectives import PolicyObjective
+from rlsys.algorithms.policy_losses import ClipSettings
 from rlsys.backends import build_backend
 from rlsys.backends.data_parallel import micro_batch_rows
 from rlsys.config.learner import LearnerConfig, OptimConfig
@@ -116,7 +117,9 @@ def test_a_budgeted_step_trains_like_one_micro_batch(one_rank, tiny_model_dir, l
     batch = _batch(tiny_model_dir)
     length = batch.input_ids.shape[1]
     # a sequence-mean token-mean loss and an entropy bonus: every weighting sees the cut
-    objective = PolicyObjective(dual_clip=3.0, loss_agg="seq_mean_token_mean", entropy_coef=0.01)
+    objective = PolicyObjective(
+        loss_settings=ClipSettings(dual_clip=3.0), loss_agg="seq_mean_token_mean", entropy_coef=0.01
+    )
     runs = []
     for max_tokens in (None, 3 * length):
         backend = _backend(tiny_model_dir, max_tokens, logits_chunk if max_tokens else None)

@@ -4,14 +4,13 @@ masks, extreme inputs, and their config keys and presets."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from rlsys.algorithms.losses import (
-    POLICY_LOSSES,
-    PolicyLossInputs,
     aggregate,
     cispo_loss,
     clip_cov_loss,
@@ -23,6 +22,12 @@ from rlsys.algorithms.losses import (
     token_covariance,
 )
 from rlsys.algorithms.objectives import PolicyObjective
+from rlsys.algorithms.policy_losses import (
+    POLICY_LOSSES,
+    KLCovSettings,
+    PolicyLossInputs,
+    SapoSettings,
+)
 from rlsys.algorithms.recipe import Recipe
 from rlsys.algorithms.traits import has_ratio
 from rlsys.config.algorithm import AlgorithmConfig
@@ -365,8 +370,11 @@ def test_extreme_log_ratios_and_padding_stay_finite(name):
     adv = 5.0 * torch.randn(4, 1).expand(4, 6)
     mask = torch.ones(4, 6)
     mask[:, 4:] = 0.0
-    x = PolicyLossInputs(logp, old, adv, mask, clip_low=0.4, clip_high=0.4, cov_ratio=0.2)
-    loss, metrics = POLICY_LOSSES.get(name)(x)
+    x = PolicyLossInputs(logp, old, adv, mask)
+    settings = POLICY_LOSSES.settings(name)
+    given = {"clip_low": 0.4, "clip_high": 0.4, "cov_ratio": 0.2}
+    own = {f.name for f in dataclasses.fields(settings)}
+    loss, metrics = POLICY_LOSSES.get(name)(x, settings(**{k: given[k] for k in own & set(given)}))
     assert loss.shape == (4, 6) and torch.isfinite(loss).all()
     assert all(torch.isfinite(v).all() and not v.requires_grad for v in metrics.values())
     grad = _grad(loss, logp, mask)
@@ -381,12 +389,12 @@ def test_policy_objective_passes_the_new_settings_to_the_losses():
         "advantages": torch.tensor([[2.0, -1.0, 0.0, -1.0]]),
         "loss_mask": torch.ones(1, 4),
     }
-    kl, _ = PolicyObjective(policy_loss="kl_cov", cov_ratio=0.25, kl_cov_coef=3.0)(
+    kl, _ = PolicyObjective("kl_cov", KLCovSettings(cov_ratio=0.25, coef=3.0))(
         {"logprobs": logp}, batch
     )
     e = math.exp(0.5)
     torch.testing.assert_close(kl, torch.tensor([[-2 * e + 1.5, e, 0.0, 1.0]]))  # 3 x 0.5
-    sapo, _ = PolicyObjective(policy_loss="sapo", sapo_tau_pos=2.0, sapo_tau_neg=4.0)(
+    sapo, _ = PolicyObjective("sapo", SapoSettings(tau_pos=2.0, tau_neg=4.0))(
         {"logprobs": logp}, {**batch, "old_logprobs": logp}
     )
     # ratio 1: -A * 2 / tau -> -2 (tau 2), +0.5 (tau 4), 0, +0.5
@@ -394,8 +402,8 @@ def test_policy_objective_passes_the_new_settings_to_the_losses():
 
 
 def test_recipe_maps_the_new_config_keys():
-    cfg = AlgorithmConfig(
-        policy_loss="clip_cov",
+    """The flat keys reach the settings of the loss that reads them (each loss has its own)."""
+    keys = dict(
         sapo_tau_pos=0.5,
         sapo_tau_neg=2.5,
         cov_ratio=0.1,
@@ -403,17 +411,25 @@ def test_recipe_maps_the_new_config_keys():
         clip_cov_high=8.0,
         kl_cov_coef=0.3,
     )
-    objective = Recipe(cfg, group_size=4, max_new_tokens=8).policy_objective()
+
+    def settings(loss):
+        cfg = AlgorithmConfig(policy_loss=loss, **keys)
+        objective = Recipe(cfg, group_size=4, max_new_tokens=8).policy_objective()
+        assert objective.policy_loss == loss
+        return objective.loss_settings
+
+    clip_cov, sapo, kl_cov = settings("clip_cov"), settings("sapo"), settings("kl_cov")
     got = (
-        objective.policy_loss,
-        objective.sapo_tau_pos,
-        objective.sapo_tau_neg,
-        objective.cov_ratio,
-        objective.clip_cov_low,
-        objective.clip_cov_high,
-        objective.kl_cov_coef,
+        "clip_cov",
+        sapo.tau_pos,
+        sapo.tau_neg,
+        clip_cov.cov_ratio,
+        clip_cov.cov_low,
+        clip_cov.cov_high,
+        kl_cov.coef,
     )
     assert got == ("clip_cov", 0.5, 2.5, 0.1, 0.5, 8.0, 0.3)
+    assert kl_cov.cov_ratio == 0.1
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,8 @@ def _check_request(run: Path, sizes: dict[str, int]) -> None:
     from rlsys.resolve import load_run_config
 
     try:
-        cfg = load_run_config(run / "config.yaml")
+        # a live run of this machine (checked above): its plugins ran here already
+        cfg = load_run_config(run / "config.yaml", plugins=True)
     except ConfigError as exc:
         raise ScaleError(str(exc)) from exc
     asked = dict(sizes)

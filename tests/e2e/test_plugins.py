@@ -1,0 +1,103 @@
+"""A policy loss with its own settings, written outside rlsys, trained by config alone: the
+plugin file (its source is below) registers it, `plugins=[...]` imports it in every process
+of the run, and `algorithm.policy_loss_args` sets its setting (docs/extending.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlsys.algorithms.policy_losses import POLICY_LOSSES
+from rlsys.config.errors import ConfigError
+from rlsys.config.loader import to_yaml
+from rlsys.resolve import load_config, load_run_config, plugins
+from rlsys.run.doctor_checks import TRAIN_OVERRIDES
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = '''
+"""The unclipped importance-ratio policy gradient, scaled by a setting of its own."""
+
+from dataclasses import dataclass
+
+from rlsys.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs
+
+
+@dataclass(frozen=True)
+class ScaledSettings:
+    scale: float = 1.0  # algorithm.policy_loss_args.scale
+
+    def __post_init__(self):
+        if not self.scale > 0:
+            raise ValueError(f"scale={self.scale} must be > 0")
+
+
+@POLICY_LOSSES.register("scaled_pg", settings=ScaledSettings, ratio=True)
+def scaled_pg(x: PolicyLossInputs, s: ScaledSettings):
+    ratio = (x.logprobs - x.old_logprobs).clamp(-20, 20).exp()
+    return -s.scale * x.advantages * ratio, {"scaled_pg_scale": ratio.detach() * 0 + s.scale}
+'''
+
+
+@pytest.fixture
+def plugin_file(tmp_path):
+    path = tmp_path / "scaled_pg.py"
+    path.write_text(PLUGIN)
+    yield path
+    # this process imported it (load_config): leave the registry as other tests expect it
+    if "scaled_pg" in POLICY_LOSSES:
+        POLICY_LOSSES.unregister("scaled_pg")
+    plugins._loaded.pop(str(path), None)
+
+
+def test_a_loss_from_a_plugin_trains_by_config_alone(tmp_path, plugin_file):
+    """`rlsys train` with the plugin: the learner (a Ray actor, another process) trains with
+    the loss at the setting the config gave it."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlsys.cli",
+            "train",
+            *TRAIN_OVERRIDES,
+            "trainer.total_steps=1",
+            "learner.world_size=1",
+            f"plugins=[{plugin_file}]",
+            "algorithm.policy_loss=scaled_pg",
+            "algorithm.policy_loss_args={scale: 0.5}",
+            f"run.output_dir={tmp_path}",
+            "run.name=r",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    step = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert step["step"] == 1 and step["train/scaled_pg_scale"] == 0.5
+
+
+def test_plugin_settings_and_failures_name_the_key(tmp_path, plugin_file):
+    base = [f"plugins=[{plugin_file}]", "algorithm.policy_loss=scaled_pg"]
+    cfg = load_config([*base, "algorithm.policy_loss_args={scale: 2.0}"])
+    assert cfg.plugins == [str(plugin_file)] and cfg.algorithm.policy_loss_args == {"scale": 2.0}
+    with pytest.raises(ConfigError, match=r"policy_loss_args.scal is not a setting of .*scaled_pg"):
+        load_config([*base, "algorithm.policy_loss_args={scal: 2.0}"])
+    with pytest.raises(ConfigError, match="scale=-1.0 must be > 0"):
+        load_config([*base, "algorithm.policy_loss_args={scale: -1.0}"])
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_config([f"plugins=[{tmp_path / 'missing.py'}]"])
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('half-written plugin')\n")
+    with pytest.raises(ConfigError, match=r"plugins\[0\]=.*broken.py failed on import: Runtime"):
+        load_config([f"plugins=[{broken}]"])
+    # a saved run config never imports plugins by itself
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(cfg))
+    with pytest.raises(ConfigError, match="names plugins"):
+        load_run_config(saved)
+    assert load_run_config(saved, plugins=True).algorithm.policy_loss == "scaled_pg"
