@@ -64,13 +64,10 @@ from rlsys.trainers.rl.group_structure import group_structure
 from rlsys.trainers.rl.handover import MemoryHandover
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
+from rlsys.trainers.rl.rollout_metrics import rollout_metrics
 from rlsys.trainers.rl.run_summary import run_summary
 from rlsys.trainers.rl.sample_metrics import (
-    episode_metrics,
-    reward_component_metrics,
     sample_rows,
-    step_group_metrics,
-    tree_metrics,
 )
 from rlsys.trainers.rl.scale_requests import ScalePlan, live_check
 from rlsys.trainers.rl.scaling import RolloutScaler
@@ -255,6 +252,25 @@ class Controller:
         requests returning (at once when partial rollouts abort them)."""
         timer = StageTimer()
         started = time.perf_counter()
+        kept = self._take_batch(step, timer)
+        if kept is None:
+            return None
+        metrics = self._observe_rollouts(step, kept)
+        moved = False
+        # colocated engines sleep through the update and wake in stages around the sync:
+        # the rollout loops stay held from the sleep to the last stage
+        with self.state.weights_lock, self.handover.held():
+            if kept:
+                moved = self._learn(step, kept, metrics, timer)
+            metrics.update(self._publish(moved, evaluate, timer))
+        if hold:
+            self.state.buffer.pause()
+        self.state.buffer.step_done(self.state.version)
+        return perf_metrics(metrics, timer.seconds, time.perf_counter() - started)
+
+    def _take_batch(self, step: int, timer: StageTimer) -> list[RolloutGroup] | None:
+        """The next batch of groups the buffer releases (fewer with dynamic sampling), or None
+        when the sample budget is spent and nothing is left to train on."""
         with timer("wait_for_batch"):
             kept = self.state.buffer.take(self.cfg.data.batch_size)
         self.state.pipeline.raise_if_failed()
@@ -269,11 +285,25 @@ class Controller:
                 self.cfg.data.batch_size,
                 self.cfg.algorithm.max_sampling_rounds,
             )
+        return kept
+
+    def _observe_rollouts(self, step: int, kept: list[RolloutGroup]) -> dict[str, float]:
+        """At the step boundary: the groups scored since the last step reach the prompt
+        sampler and the replay store; returns the rollout and batch metrics (and writes the
+        sample table when due)."""
         groups, penalties, reference_s = self.state.pipeline.scoring.drain_window()
         self.state.sampler.observe(groups)  # at the step boundary: see rlsys.data.curriculum
         if self.state.pipeline.replay is not None:  # likewise: see rlsys.replay
             self.state.pipeline.replay.commit(self.state.version)
-        metrics = self._rollout_metrics(groups, penalties, reference_s)
+        window = (groups, penalties, reference_s)
+        overlong = bool(self.recipe.overlong_buffer)
+        metrics, counts = rollout_metrics(
+            self.cfg, self.state, self.pools, self.collector, overlong, window
+        )
+        self.state.drawn, self.state.filtered = counts
+        samples = [s for g in groups for s in g.samples]
+        self.state.totals.samples += len(samples)
+        self.state.totals.response_tokens += sum(len(s.completion.token_ids) for s in samples)
         metrics.update(
             batch_metrics(
                 kept, self.state.buffer, self.state.version, self.cfg.buffer.max_staleness
@@ -281,36 +311,33 @@ class Controller:
         )
         if kept and self.tracker.samples_due(step):
             self.tracker.log_samples(step, sample_rows(kept, self.cfg.tracking.sample_table_rows))
-        moved = False
-        # colocated engines sleep through the update and wake in stages around the sync:
-        # the rollout loops stay held from the sleep to the last stage
-        held = self.handover.held()
-        with self.state.weights_lock, held:
-            if kept:
-                batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
-                metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
-                metrics["perf/padding_frac"] = float(1.0 - batch.attention_mask.mean())
-                with self.handover.engines_asleep(timer, metrics):
-                    if self._needs_old_logprobs(batch):
-                        with timer("learner_logprobs"):
-                            batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
-                        metrics.update(self.recipe.off_policy_weights(batch))
-                    token_kl = (
-                        self.recipe.token_kl(batch) if batch.ref_logprobs is not None else None
-                    )
-                    if self.pools.critic is not None:
-                        with timer("critic_values"):
-                            batch.values = self.pools.critic.forward_values(batch)
-                    structure = group_structure(kept, self.cfg.algorithm.advantage)
-                    adv = self.recipe.advantages(batch, token_kl, **structure)
-                    batch.advantages, batch.returns = adv.advantages, adv.returns
-                    update, moved = self._update(step, batch, token_kl, timer)
-                metrics.update(update)
-            metrics.update(self._publish(moved, evaluate, timer))
-        if hold:
-            self.state.buffer.pause()
-        self.state.buffer.step_done(self.state.version)
-        return perf_metrics(metrics, timer.seconds, time.perf_counter() - started)
+        return metrics
+
+    def _learn(
+        self, step: int, kept: list[RolloutGroup], metrics: dict[str, float], timer: StageTimer
+    ) -> bool:
+        """The algorithm on one batch, engines asleep where they share the learners' devices:
+        the learner's log-probabilities before the update and the off-policy weights, the KL
+        to the reference, the critic's values, the advantages, then the update. Adds its
+        metrics to ``metrics``; returns whether the policy moved."""
+        batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
+        metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
+        metrics["perf/padding_frac"] = float(1.0 - batch.attention_mask.mean())
+        with self.handover.engines_asleep(timer, metrics):
+            if self._needs_old_logprobs(batch):
+                with timer("learner_logprobs"):
+                    batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
+                metrics.update(self.recipe.off_policy_weights(batch))
+            token_kl = self.recipe.token_kl(batch) if batch.ref_logprobs is not None else None
+            if self.pools.critic is not None:
+                with timer("critic_values"):
+                    batch.values = self.pools.critic.forward_values(batch)
+            structure = group_structure(kept, self.cfg.algorithm.advantage)
+            adv = self.recipe.advantages(batch, token_kl, **structure)
+            batch.advantages, batch.returns = adv.advantages, adv.returns
+            update, moved = self._update(step, batch, token_kl, timer)
+        metrics.update(update)
+        return moved
 
     def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
         """Whether this update needs a forward pass of its own before training (else the
@@ -523,61 +550,3 @@ class Controller:
         self.state.totals.eval_history.append({"step": step, **metrics})
         self.tracker.log(step, metrics)
         return metrics["eval/accuracy"]
-
-    def _rollout_metrics(
-        self, groups: list[RolloutGroup], penalties: list[float], reference_s: float
-    ) -> dict[str, float]:
-        """What the pipeline did since the previous step (the scoring loop's window: the
-        groups scored, kept or not, their overlong penalties, the reference's seconds),
-        prompts drawn, groups filtered, busy and idle time."""
-        samples = [s for g in groups for s in g.samples]
-        tokens = sum(len(s.completion.token_ids) for s in samples)
-        self.state.totals.samples += len(samples)
-        self.state.totals.response_tokens += tokens
-        batch, n = self.cfg.data.batch_size, self.cfg.rollout.n_samples
-        drawn, filtered = (
-            self.state.pipeline.prompts_drawn,
-            self.state.buffer.stats.dropped_filtered,
-        )
-        out = {
-            "pool/rollout_workers": len(self.state.pipeline.rollouts),
-            "pool/learner_ranks": len(self.pools.learner.workers),
-            "rollout/sampling_rounds": (drawn - self.state.drawn) / batch,
-            "rollout/groups_filtered": (filtered - self.state.filtered) / n,
-            "rollout/reward_errors": float(self.collector.reward_errors),
-            **self.state.pipeline.pool_metrics(),
-            **self.state.sampler.metrics(),
-        }
-        if self.state.pipeline.replay is not None:
-            out.update(self.state.pipeline.replay.metrics())
-        if groups and self.cfg.rollout.n_samples > 1:
-            uniform = sum(not has_reward_variance(g) for g in groups)
-            out["rollout/uniform_group_frac"] = uniform / len(groups)
-        if self.pools.critic is not None:
-            out["pool/critic_ranks"] = len(self.pools.critic.workers)
-        self.state.drawn, self.state.filtered = drawn, filtered
-        if self.cfg.algorithm.uses_reference:
-            out["time/reference"] = reference_s  # part of the scoring loop's busy time
-            out["time/scoring"] -= reference_s
-        if self.recipe.overlong_buffer and penalties:
-            out["rollout/overlong_penalty"] = float(np.mean(penalties))
-        baselines = [g.baseline.reward for g in groups if g.baseline is not None]
-        if baselines:
-            out["rollout/baseline_reward"] = float(np.mean(baselines))  # ReMax's greedy replies
-        if samples:
-            out.update(
-                {
-                    "rollout/samples": len(samples),
-                    "rollout/reward_mean": float(np.mean([s.reward for s in samples])),
-                    "rollout/accuracy": float(np.mean([s.correct for s in samples])),
-                    "rollout/response_tokens": tokens / len(samples),
-                    "rollout/stop_frac": float(
-                        np.mean([s.completion.finish_reason == "stop" for s in samples])
-                    ),
-                    **reward_component_metrics(samples),
-                    **episode_metrics(samples),
-                    **tree_metrics(groups),
-                    **step_group_metrics(groups),
-                }
-            )
-        return out

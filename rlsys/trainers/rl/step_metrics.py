@@ -1,6 +1,6 @@
 """Metrics of one RL step that are pure functions of what the step saw: the batch's
 staleness and the queue, the update's train/critic figures, and time and throughput.
-(The rollout metrics come from the pipeline's window: ``Controller._rollout_metrics``.)"""
+(The rollout metrics come from the pipeline's window: ``rollout_metrics.rollout_metrics``.)"""
 
 from __future__ import annotations
 
