@@ -3,9 +3,10 @@ file outside its own directory and no inherited secrets.
 
 This module is the parent side (``run_sandboxed``, run in the trainer or a reward worker):
 it prepares the run's files, claims a uid, starts the launcher, enforces the wall clock and
-reads the results back. The child side, the launcher that builds the sandbox and execs the
-program, is ``sandbox_launcher.py``: a separate script that imports only a few standard
-library modules, so that each run starts fast.
+reads the results back (``sandbox_output.py``). The child side, the launcher that builds the
+sandbox and execs the program, is ``sandbox_launcher.py`` (with ``sandbox_seccomp.py`` and
+``sandbox_watch.py``): a separate script that imports only a few standard library modules,
+so that each run starts fast.
 
 How one run is contained (Linux):
 
@@ -25,9 +26,9 @@ How one run is contained (Linux):
   even a program that regained root there is nobody to the host. It joins a fresh session
   keyring, sets no_new_privs and a seccomp filter (io_uring, bpf, perf events, userfaultfd,
   mounts, ptrace, new namespaces, netlink and vsock sockets, device nodes, keyrings...:
-  ``sandbox_launcher._deny_syscalls``) and execs ``python -I -S -B prog.py`` with a
+  ``sandbox_seccomp.deny_syscalls``) and execs ``python -I -S -B prog.py`` with a
   scrubbed environment. Init then holds the whole sandbox to ``memory_mb`` and ``cpu_s``
-  (``sandbox_launcher._watch``).
+  (``sandbox_watch.watch``).
 * The parent kills the launcher's process group after ``wall_s``; init dies with it.
 
 Where namespaces cannot be created the run is refused unless
@@ -44,7 +45,6 @@ import glob
 import json
 import os
 import random
-import select
 import shutil
 import signal
 import subprocess
@@ -58,6 +58,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlsys.rewards.sandbox_launcher import WORK_MOUNT
+from rlsys.rewards.sandbox_output import (
+    Capture,
+    exit_watch,
+    killed_reason,
+    read_output,
+    read_report,
+)
 from rlsys.rewards.scoring import abandoned
 
 if TYPE_CHECKING:
@@ -70,7 +77,6 @@ _UID_BASE = 2_000_000_000  # per-run uids when root: a block no account uses
 _UID_SLOTS = 256  # concurrent runs per machine before runs wait for a free uid
 _NOBODY = 65534  # the shared fallback where such uids cannot be set
 _CANCEL_POLL_S = 0.05  # how often a waiting run checks whether its reward call was abandoned
-_READ_CHUNK = 1 << 20  # bytes asked of an output pipe per read (it returns what it holds)
 _LAUNCHER = str(Path(__file__).absolute().with_name("sandbox_launcher.py"))  # child side
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _PACKAGE_DIRS = ("site-packages", "dist-packages")  # masked inside the jail
@@ -254,12 +260,12 @@ def _run_launcher(
     finally:
         for fd in (out_w, err_w, status_w):
             os.close(fd)
-    stdout, stderr = _Capture(out_r, stdout_limit), _Capture(err_r, OUTPUT_LIMIT)
+    stdout, stderr = Capture(out_r, stdout_limit), Capture(err_r, OUTPUT_LIMIT)
     try:
         deadline = start + cfg.wall_s
-        exited = _exit_watch(proc)
+        exited = exit_watch(proc)
         while proc.poll() is None and not timed_out and not (cancellable and abandoned()):
-            _read_output([stdout, stderr], exited, min(_CANCEL_POLL_S, deadline - time.monotonic()))
+            read_output([stdout, stderr], exited, min(_CANCEL_POLL_S, deadline - time.monotonic()))
             timed_out = time.monotonic() >= deadline
         cancelled = proc.returncode is None and not timed_out
         # The launcher's session (init takes the rest of the sandbox with it). Once the
@@ -272,7 +278,7 @@ def _run_launcher(
     finally:
         for fd in (stdout.fd, stderr.fd, *([exited] if exited is not None else [])):
             os.close(fd)
-    setup_error, status, exceeded = _read_report(status_r)
+    setup_error, status, exceeded = read_report(status_r)
     # Init (PID 1) cannot die of the program's signal, so it reports the wait status.
     rc = os.waitstatus_to_exitcode(status) if status is not None else proc.returncode
     if timed_out:
@@ -283,7 +289,7 @@ def _run_launcher(
     if cancelled:
         reason = "cancelled"
     else:
-        reason = exceeded or _killed_reason(rc, timed_out, bool(setup_error))
+        reason = exceeded or killed_reason(rc, timed_out, bool(setup_error))
     return SandboxResult(
         rc,
         stdout.text(),
@@ -294,64 +300,6 @@ def _run_launcher(
         stdout.cut or stderr.cut,
         stdout.cut,
     )
-
-
-class _Capture:
-    """One output pipe: its first ``limit`` bytes kept, the rest read and dropped (so that the
-    program never blocks on a full pipe), ``cut`` set when there was more."""
-
-    def __init__(self, fd: int, limit: int) -> None:
-        self.fd, self.limit = fd, limit
-        self.data = bytearray()
-        self.cut = False
-        self.open = True
-        os.set_blocking(fd, False)
-
-    def read(self) -> None:
-        """Read what the pipe holds now (at most one pipe's worth)."""
-        try:
-            chunk = os.read(self.fd, _READ_CHUNK)
-        except BlockingIOError:
-            return
-        self.open = bool(chunk)
-        room = self.limit - len(self.data)
-        self.data += chunk[: max(0, room)]
-        self.cut = self.cut or len(chunk) > room
-
-    def drain(self) -> None:
-        """After the run: what is left in the pipe, up to the limit (a process that outlived
-        the run, unjailed, may write for ever)."""
-        while self.open and not self.cut:
-            before = len(self.data)
-            self.read()
-            if len(self.data) == before:
-                return
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
-
-
-def _exit_watch(proc: subprocess.Popen) -> int | None:
-    """A descriptor readable once ``proc`` exits (None where pidfds are missing: then
-    ``_read_output`` wakes every _CANCEL_POLL_S)."""
-    try:
-        return os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _read_output(captures: list[_Capture], exited: int | None, timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` for output or the launcher's exit; read what came."""
-    poller = select.poll()
-    for capture in captures:
-        if capture.open:
-            poller.register(capture.fd, select.POLLIN)
-    if exited is not None:
-        poller.register(exited, select.POLLIN)
-    ready = {fd for fd, _ in poller.poll(max(0.0, timeout_s) * 1000)}
-    for capture in captures:
-        if capture.fd in ready:
-            capture.read()
 
 
 def _launch_spec(
@@ -441,44 +389,6 @@ def jail_paths() -> dict[str, list]:
         if os.path.isdir(os.path.join(root, name)) and not os.path.islink(os.path.join(root, name))
     )
     return {"binds": binds, "symlinks": symlinks, "masks": masks}
-
-
-def _read_report(status_r: int) -> tuple[str, int | None, str | None]:
-    """The launcher's report lines: ``error MESSAGE``, ``status WAIT_STATUS`` and ``killed
-    LIMIT`` (the whole sandbox passed LIMIT: memory | cpu_time)."""
-    os.set_blocking(status_r, False)
-    data = b""
-    with contextlib.suppress(BlockingIOError):
-        while chunk := os.read(status_r, 4096):
-            data += chunk
-    os.close(status_r)
-    errors, status, exceeded = [], None, None
-    for line in data.decode(errors="replace").splitlines():
-        kind, _, value = line.partition(" ")
-        if kind == "error":
-            errors.append(value)
-        elif kind == "status" and value.isdigit():
-            status = int(value)
-        elif kind == "killed" and value in ("memory", "cpu_time"):
-            exceeded = value
-    return "; ".join(errors), status, exceeded
-
-
-def _killed_reason(rc: int, timed_out: bool, setup_failed: bool) -> str | None:
-    if setup_failed:
-        return "sandbox_error"
-    if timed_out:
-        return "wall_time"
-    if rc == -signal.SIGXCPU:
-        return "cpu_time"
-    if rc == -signal.SIGXFSZ:
-        return "file_size"
-    if rc < 0:
-        try:
-            return f"signal:{signal.Signals(-rc).name}"
-        except ValueError:
-            return f"signal:{-rc}"
-    return None
 
 
 @contextlib.contextmanager
