@@ -215,7 +215,7 @@ def _resume_point(cfg: TrainConfig) -> tuple[Path, list[Path], dict] | None:
     """The run directory to continue, its checkpoints to try (newest first, the first one
     with a readable controller state leading) and that state's ``run_info``; None for a fresh
     run."""
-    from rlsys.checkpoint import CheckpointError, CheckpointStore, resolve_resume
+    from rlsys.checkpoint.store import CheckpointError, CheckpointStore, resolve_resume
     from rlsys.trainers.rl.saved_state import read_run_state
 
     if not cfg.resume:
@@ -259,7 +259,7 @@ def train(cfg: TrainConfig) -> Path:
     preflight(cfg, roles)
     resume = _resume_point(cfg)
     base, tokenizer, task = _inputs(cfg)
-    from rlsys.checkpoint import CheckpointStore  # after the checks: torch takes seconds
+    from rlsys.checkpoint.store import CheckpointStore  # after the checks: torch takes seconds
     from rlsys.pools import start_pools
     from rlsys.trainers.rl.controller import Controller
 
@@ -519,7 +519,7 @@ def export_policy(checkpoint: str, out_dir: str, merge: bool = False) -> Path:
     directory, read straight from the shards; a LoRA run's as a PEFT adapter directory, or
     with ``merge`` as the model with its adapters merged in."""
     from rlsys.backends.export import export_hf
-    from rlsys.checkpoint import CheckpointError, CheckpointStore, problem
+    from rlsys.checkpoint.store import CheckpointError, CheckpointStore, problem
 
     path = Path(checkpoint).expanduser().resolve()
     if not path.is_dir():

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _export(checkpoint: str, out_dir: str, merge: bool) -> int:
     from rlsys.app import export_policy
-    from rlsys.checkpoint import CheckpointError
+    from rlsys.checkpoint.store import CheckpointError
 
     try:
         print(f"exported: {export_policy(checkpoint, out_dir, merge)}")
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
     from rlsys import app
-    from rlsys.checkpoint import CheckpointError
+    from rlsys.checkpoint.store import CheckpointError
     from rlsys.run.lock import RunDirInUse
     from rlsys.runtime import quiet_libraries
 

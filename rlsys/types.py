@@ -150,7 +150,7 @@ class Sample:
     correct: bool = False  # what the verifier says, independent of reward shaping
     ref_logprobs: np.ndarray | None = None  # (R,) reference policy, when a KL term needs it
     reward_components: dict[str, float] = field(default_factory=dict)  # name -> unweighted
-    # a success of an earlier group put into this one by the replay store (rlsys.replay)
+    # a success of an earlier group put into this one by the replay store (rlsys.buffer.replay)
     replayed: bool = False
 
 

@@ -28,7 +28,7 @@ from rlsys.algorithms.objectives import Objective
 from rlsys.backends import checkpoint as ckpt
 from rlsys.backends.data_parallel import forward_plan, micro_batch_rows, train_plan
 from rlsys.backends.schedule import lr_at
-from rlsys.checkpoint import fsync_tree
+from rlsys.checkpoint.store import fsync_tree
 from rlsys.config.learner import LearnerConfig, OptimConfig
 from rlsys.config.schema import LoraConfig
 from rlsys.models import blocks, lora

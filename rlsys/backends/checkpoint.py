@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rlsys.checkpoint import CheckpointError
+from rlsys.checkpoint.store import CheckpointError
 
 BACKEND_INFO = "backend.json"
 SCALARS = "state.json"
@@ -115,9 +115,9 @@ def read_json(root: Path, name: str) -> dict[str, Any]:
 
 def check_dcp_metadata(dcp_dir: Path) -> None:
     """Refuse a DCP checkpoint whose metadata files (which torch reads with pickle) name
-    anything a DCP checkpoint never holds: they could run code (see rlsys.pickle_scan).
+    anything a DCP checkpoint never holds: they could run code (see rlsys.checkpoint.pickle_scan).
     ``.metadata`` must be there: without it DCP would fall back to per-rank files."""
-    from rlsys.pickle_scan import DCP_METADATA_GLOBALS, UnsafePickleError, check_pickle
+    from rlsys.checkpoint.pickle_scan import DCP_METADATA_GLOBALS, UnsafePickleError, check_pickle
 
     if not (dcp_dir / ".metadata").is_file():
         raise BackendCheckpointError(
@@ -134,7 +134,7 @@ def check_dcp_metadata(dcp_dir: Path) -> None:
 def check_deepspeed_files(state_dir: Path) -> None:
     """Refuse a DeepSpeed checkpoint any of whose files (read by DeepSpeed with
     ``torch.load(weights_only=False)``) names anything its kind never holds."""
-    from rlsys.pickle_scan import DEEPSPEED_GLOBALS, UnsafePickleError, check_torch_file
+    from rlsys.checkpoint.pickle_scan import DEEPSPEED_GLOBALS, UnsafePickleError, check_torch_file
 
     for path in sorted(state_dir.glob("*.pt")):
         try:

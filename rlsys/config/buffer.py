@@ -1,5 +1,5 @@
 """Config of the streaming buffer between scoring and the learner, and of its replay store
-of rare successes (rlsys/buffer.py, rlsys/replay.py)."""
+of rare successes (rlsys/buffer/streaming.py, rlsys/buffer/replay.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ MAX_STALENESS = 16  # beyond this, samples are too off-policy for any correction
 class ReplayConfig:
     """``buffer.replay``: keep correct samples of prompts the policy rarely solves and put
     them into later groups of those prompts that came back all wrong (ARPO's replay;
-    rlsys/replay.py, docs/sampling.md). Replayed samples keep their behaviour log-probs and
+    rlsys/buffer/replay.py, docs/sampling.md). Replayed samples keep their behaviour log-probs and
     policy versions, so the off-policy correction (``algorithm.off_policy``) weighs them."""
 
     enabled: bool = False  # on: successes of rarely solved prompts fill their all-wrong groups

@@ -265,7 +265,7 @@ def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
 def _plain(value):
     """A parquet value as JSON would hold it (dates, decimals and bytes as strings; bytes that
     are not UTF-8, such as an image column's, as a base64 data URL that load_image reads), so
-    a row's extra columns can ride in checkpoints (rlsys.state_file holds plain values only)."""
+    a row's extra columns can ride in checkpoints (rlsys.checkpoint.state_file holds plain values only)."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

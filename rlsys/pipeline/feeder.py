@@ -6,7 +6,7 @@ import queue
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.data.sampler import PromptSampler
 from rlsys.pipeline.loop import Loop
 from rlsys.types import Prompt

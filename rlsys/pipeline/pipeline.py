@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.data.sampler import PromptSampler
 from rlsys.pipeline.feeder import PromptFeeder
 from rlsys.pipeline.gate import RolloutGate

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.config.tree import TreeConfig
 from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.feeder import Request

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.replay import ReplayStore
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.data.collate import samples_to_batch
 from rlsys.pipeline.loop import Loop
-from rlsys.replay import ReplayStore
 from rlsys.types import RolloutGroup, Sample, TrainBatch
 
 

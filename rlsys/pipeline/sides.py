@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlsys.buffer.replay import ReplayStore
 from rlsys.config.tree import TreeConfig
 from rlsys.envs.rollout import EpisodeRunner
 from rlsys.pipeline.rollout import BuildGroups, GenerateOn, ReplaceWorker
-from rlsys.replay import ReplayStore
 from rlsys.types import Prompt, RolloutGroup, Sample, SamplingParams, TrainBatch
 
 # prompts -> (the prompts that fit, their token ids)

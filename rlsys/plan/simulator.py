@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.plan.cores import SharedCores
 from rlsys.plan.costs import StageCosts
 from rlsys.plan.workload import Placement, Workload

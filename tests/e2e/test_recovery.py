@@ -49,7 +49,7 @@ def _kill_after(path, step: int, victim) -> threading.Thread:
 
 
 def _run(tmp_path, tiny_model_dir, overrides, victim_of, kill_after_step, checkpoints):
-    from rlsys.checkpoint import CheckpointStore
+    from rlsys.checkpoint.store import CheckpointStore
     from rlsys.data.tasks import load_task
     from rlsys.models.loading import load_tokenizer
     from rlsys.placement import Roles

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rlsys.checkpoint import read_trainer_state
+from rlsys.checkpoint.store import read_trainer_state
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = [

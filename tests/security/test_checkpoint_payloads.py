@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlsys.app import _resume_point
-from rlsys.checkpoint import (
+from rlsys.checkpoint.store import (
     CheckpointError,
     CheckpointStore,
     read_trainer_state,

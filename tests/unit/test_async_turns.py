@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.envs.base import StepResult

@@ -237,7 +237,7 @@ def test_export_of_a_damaged_shard_names_the_file(capsys, tmp_path, damage):
 def test_resume_over_damaged_checkpoints_changes_nothing(capsys, tmp_path):
     """resume=auto over checkpoints none of which is complete: exit 2 naming them, within
     seconds, and the old run's files are as they were (nothing deleted, nothing appended)."""
-    from rlsys.checkpoint import CheckpointStore, write_trainer_state
+    from rlsys.checkpoint.store import CheckpointStore, write_trainer_state
 
     run = tmp_path / "runs" / "r"
     store = CheckpointStore(run / "checkpoints", 2)

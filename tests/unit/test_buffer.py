@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from rlsys.buffer import StreamingBuffer, has_reward_variance
+from rlsys.buffer.streaming import StreamingBuffer, has_reward_variance
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample
 
 

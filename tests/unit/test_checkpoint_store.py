@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from rlsys.buffer import StreamingBuffer
-from rlsys.checkpoint import (
+from rlsys.buffer.streaming import StreamingBuffer
+from rlsys.checkpoint.store import (
     CheckpointError,
     CheckpointStore,
     problem,

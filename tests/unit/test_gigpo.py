@@ -11,6 +11,7 @@ from test_envs import ScriptedEngine
 from rlsys.algorithms.advantages import gigpo_advantages, grpo_advantages
 from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
 from rlsys.algorithms.traits import uses_turns
+from rlsys.checkpoint.state_file import read_state, write_state
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.data.collate import batch_turns, samples_to_batch
@@ -18,7 +19,6 @@ from rlsys.envs import EpisodeRunner, StepResult
 from rlsys.envs.calculator import Calculator
 from rlsys.models.loading import load_tokenizer
 from rlsys.resolve import load_config
-from rlsys.state_file import read_state, write_state
 from rlsys.trainers.rl.sample_metrics import step_group_metrics
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams, Turn
 

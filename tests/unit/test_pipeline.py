@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.data.sampler import PromptSampler
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams

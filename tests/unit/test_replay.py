@@ -8,13 +8,13 @@ import queue
 import numpy as np
 import pytest
 
-from rlsys.buffer import StreamingBuffer, has_reward_variance
+from rlsys.buffer.replay import ReplayStore
+from rlsys.buffer.streaming import StreamingBuffer, has_reward_variance
+from rlsys.checkpoint.state_file import read_state, write_state
 from rlsys.config.buffer import ReplayConfig
 from rlsys.config.errors import ConfigError
 from rlsys.pipeline.scoring import ScoringLoop
-from rlsys.replay import ReplayStore
 from rlsys.resolve import load_config
-from rlsys.state_file import read_state, write_state
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample
 
 PROMPTS = [Prompt(uid, f"{uid}+1=", str(uid + 1)) for uid in range(4)]

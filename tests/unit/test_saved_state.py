@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rlsys.buffer import StreamingBuffer
-from rlsys.checkpoint import CheckpointError, CheckpointStore, step_of
+from rlsys.buffer.streaming import StreamingBuffer
+from rlsys.checkpoint.store import CheckpointError, CheckpointStore, step_of
 from rlsys.config.schema import TrainConfig
 from rlsys.data.sampler import PromptSampler
 from rlsys.resolve import load_config
@@ -246,7 +246,7 @@ def test_resuming_past_total_steps_names_the_key_to_raise(tmp_path):
 def test_nesting_is_bounded_when_written_and_when_read(tmp_path):
     """Deeper than MAX_DEPTH is refused when saving (so a run never writes a state it cannot
     resume) and when reading, below the parser's own recursion limit as well as above it."""
-    from rlsys.state_file import MAX_DEPTH, StateFileError, read_state, write_state
+    from rlsys.checkpoint.state_file import MAX_DEPTH, StateFileError, read_state, write_state
 
     deep: list = []  # MAX_DEPTH + 1 lists, one inside the other
     for _ in range(MAX_DEPTH):

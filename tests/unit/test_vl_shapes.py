@@ -114,10 +114,10 @@ def test_file_datasets_with_an_image_column(tmp_path):
 
 def test_image_prompts_ride_in_trainer_state(tmp_path):
     """The buffer's queued groups are checkpointed: a shapes prompt with its processed
-    images reads back equal (no pickle: rlsys.state_file)."""
+    images reads back equal (no pickle: rlsys.checkpoint.state_file)."""
     import dataclasses
 
-    from rlsys.state_file import read_state, write_state
+    from rlsys.checkpoint.state_file import read_state, write_state
     from rlsys.types import PromptPixels
 
     prompt = shape_splits(ShapesConfig(), 2, 1, seed=0)[0][0]

@@ -46,8 +46,9 @@ from rlsys.algorithms.estimators import ADVANTAGES
 from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
 from rlsys.algorithms.traits import uses_critic
-from rlsys.buffer import StreamingBuffer, has_reward_variance
-from rlsys.checkpoint import CheckpointStore
+from rlsys.buffer.replay import ReplayStore
+from rlsys.buffer.streaming import StreamingBuffer, has_reward_variance
+from rlsys.checkpoint.store import CheckpointStore
 from rlsys.config.elastic import RESIZABLE_GROUPS
 from rlsys.config.schema import TrainConfig
 from rlsys.data.collate import samples_to_batch
@@ -57,7 +58,6 @@ from rlsys.faults import nonfinite_streak
 from rlsys.models.loading import end_token_ids
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.pools import Pools
-from rlsys.replay import ReplayStore
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector, check_group_by
 from rlsys.trainers.rl.group_structure import group_structure
@@ -293,7 +293,7 @@ class Controller:
         sample table when due)."""
         groups, penalties, reference_s = self.state.pipeline.scoring.drain_window()
         self.state.sampler.observe(groups)  # at the step boundary: see rlsys.data.curriculum
-        if self.state.pipeline.replay is not None:  # likewise: see rlsys.replay
+        if self.state.pipeline.replay is not None:  # likewise: see rlsys.buffer.replay
             self.state.pipeline.replay.commit(self.state.version)
         window = (groups, penalties, reference_s)
         overlong = bool(self.recipe.overlong_buffer)

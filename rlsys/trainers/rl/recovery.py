@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from rlsys.algorithms.recipe import Recipe
-from rlsys.checkpoint import CheckpointError, CheckpointStore, step_of, write_trainer_state
+from rlsys.checkpoint.store import CheckpointError, CheckpointStore, step_of, write_trainer_state
 from rlsys.config.schema import TrainConfig
 from rlsys.faults import Restarts, dead_actors, is_actor_failure
 from rlsys.pools import Pools

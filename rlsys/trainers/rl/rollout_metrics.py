@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlsys.buffer import has_reward_variance
+from rlsys.buffer.streaming import has_reward_variance
 from rlsys.config.schema import TrainConfig
 from rlsys.pools import Pools
 from rlsys.trainers.collector import RolloutCollector

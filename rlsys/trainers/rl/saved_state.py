@@ -8,7 +8,7 @@ range (0 <= step <= ``trainer.total_steps``, the step the directory is named aft
 policy version at most the step), and a state that fails is treated like a damaged
 checkpoint: resume falls back to the previous one, with a warning naming the file and the
 value (docs/checkpoints.md). How deep the file may nest is bounded where it is parsed
-(``rlsys.state_file.MAX_DEPTH``).
+(``rlsys.checkpoint.state_file.MAX_DEPTH``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rlsys.checkpoint import TRAINER_STATE, CheckpointError, read_trainer_state, step_of
+from rlsys.checkpoint.store import TRAINER_STATE, CheckpointError, read_trainer_state, step_of
 from rlsys.trainers.rl.state import RunTotals
 from rlsys.types import RolloutGroup
 

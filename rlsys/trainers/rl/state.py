@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.data.sampler import PromptSampler
 from rlsys.pipeline import Pipeline
 

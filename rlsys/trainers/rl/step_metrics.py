@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlsys.buffer import StreamingBuffer
+from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.types import RolloutGroup, TrainBatch
 
 

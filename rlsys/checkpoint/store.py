@@ -7,7 +7,7 @@ Layout (``<run_dir>/checkpoints/``)::
       critic/          the critic's, when the run has one
       trainer.json     the controller: step, policy version, sampler position, buffer counters
       trainer.npz      and queued groups, loop counters, KL coefficient, RNG, tracker run id
-                       (JSON + numpy arrays, read without pickle: see rlsys/state_file.py)
+                       (JSON + numpy arrays, read without pickle: see rlsys/checkpoint/state_file.py)
       hf/              the policy as a Hugging Face directory (checkpoint.save_hf=true only)
       manifest.json    written last: every file with its size; a directory without a valid
                        one is incomplete and is never loaded
@@ -30,12 +30,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rlsys.state_file import StateFileError, read_state, write_state
+from rlsys.checkpoint.state_file import StateFileError, read_state, write_state
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-TRAINER_STATE = "trainer.json"  # and trainer.npz beside it (rlsys.state_file)
+TRAINER_STATE = "trainer.json"  # and trainer.npz beside it (rlsys.checkpoint.state_file)
 _PICKLED_STATE = "trainer.pkl"  # what rlsys before state_file wrote; never read
 PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
