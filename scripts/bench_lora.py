@@ -4,7 +4,7 @@
                                  [--kl 0.0] [key=value ...]
 
 Runs ``scripts/bench_step.py`` (a fresh process and fresh Ray actors each time) on SmolLM2-135M
-(the README's bf16 chat workload: 4 prompts x 8 samples, one learner rank on both cores), once
+(the bf16 chat workload of docs/benchmarks.md, "SmolLM2": 4 prompts x 8 samples, one learner rank on both cores), once
 as full fine-tuning (``model=smollm2-135m``) and once with adapters
 (``model=smollm2-135m-lora``: rank 16 on every attention/MLP linear layer), alternating
 ``--repeats`` times. Prints per variant: seconds per step by stage, bytes and seconds of the

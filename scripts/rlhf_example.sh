@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The RLHF example on CPU (README "RLHF example", docs/rlhf.md), on the synthetic review task
+# The RLHF example on CPU (docs/rlhf.md; the README links it), on the synthetic review task
 # (task=reviews: a hidden labeller prefers positive reviews; the metric is the fraction of
 # held-out greedy replies it calls positive):
 #   1. rlsys sft    the tiny model imitates reviews of mixed sentiment
