@@ -75,6 +75,11 @@ class PolicyObjective:
     loss_agg_norm: float | None = None  # seq_sum_norm's constant
     rows_per_group: int = 1
 
+    def __post_init__(self) -> None:
+        if self.loss_settings is None:  # once, not per micro-batch
+            defaults = (POLICY_LOSSES.settings(self.policy_loss) or NoSettings)()
+            object.__setattr__(self, "loss_settings", defaults)
+
     @property
     def entropy_grad(self) -> bool:
         """Whether the entropy needs a gradient (only for the bonus)."""
@@ -86,12 +91,9 @@ class PolicyObjective:
         from_this_pass = old is None  # see needs_old_logprobs: at the pre-update weights
         if from_this_pass:
             old = logprobs.detach()
-        settings = self.loss_settings
-        if settings is None:
-            settings = (POLICY_LOSSES.settings(self.policy_loss) or NoSettings)()
         policy_loss = POLICY_LOSSES.get(self.policy_loss)
         inputs = PolicyLossInputs(logprobs, old, batch["advantages"], batch["loss_mask"])
-        loss, metrics = policy_loss(inputs, settings)
+        loss, metrics = policy_loss(inputs, self.loss_settings)
         if from_this_pass and "behaviour_logprobs" in batch:
             # engine vs learner before the update (the controller's metric when it has them)
             metrics["logprob_mismatch"] = (batch["behaviour_logprobs"] - old).abs()

@@ -173,35 +173,27 @@ def ppo_clip(x: PolicyLossInputs, s: ClipSettings) -> tuple[torch.Tensor, Metric
     )
 
 
-@POLICY_LOSSES.register("gspo", settings=SequenceClipSettings, ratio=True)
-def gspo(x: PolicyLossInputs, s: SequenceClipSettings) -> tuple[torch.Tensor, Metrics]:
-    return gspo_loss(
-        x.logprobs,
-        x.old_logprobs,
-        x.advantages,
-        x.mask,
-        s.clip_low,
-        s.clip_high,
-        s.log_ratio_clamp,
-    )
+def _sequence_clip(loss: Callable) -> PolicyLoss:
+    """GSPO and GMPO take the same inputs: a clipped sequence ratio with a log-ratio clamp."""
+
+    def apply(x: PolicyLossInputs, s: SequenceClipSettings) -> tuple[torch.Tensor, Metrics]:
+        args = (s.clip_low, s.clip_high, s.log_ratio_clamp)
+        return loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, *args)
+
+    return apply
+
+
+gspo = POLICY_LOSSES.register("gspo", settings=SequenceClipSettings, ratio=True)(
+    _sequence_clip(gspo_loss)
+)
+gmpo = POLICY_LOSSES.register("gmpo", settings=SequenceClipSettings, ratio=True)(
+    _sequence_clip(gmpo_loss)
+)
 
 
 @POLICY_LOSSES.register("cispo", settings=ClipSettings, ratio=True)
 def cispo(x: PolicyLossInputs, s: ClipSettings) -> tuple[torch.Tensor, Metrics]:
     return cispo_loss(x.logprobs, x.old_logprobs, x.advantages, s.clip_low, s.clip_high)
-
-
-@POLICY_LOSSES.register("gmpo", settings=SequenceClipSettings, ratio=True)
-def gmpo(x: PolicyLossInputs, s: SequenceClipSettings) -> tuple[torch.Tensor, Metrics]:
-    return gmpo_loss(
-        x.logprobs,
-        x.old_logprobs,
-        x.advantages,
-        x.mask,
-        s.clip_low,
-        s.clip_high,
-        s.log_ratio_clamp,
-    )
 
 
 @POLICY_LOSSES.register("sapo", settings=SapoSettings, ratio=True)
