@@ -166,13 +166,29 @@ def _launch(args, cfg) -> int:
         return 2
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """Parse, with flags accepted anywhere among the overrides: argparse alone takes the
+    overrides as one run of positionals, so ``submit launcher=kuberay --dry-run x=1`` left
+    ``x=1`` unrecognized. Overrides after a flag join the others, in order."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides"):
+        flags = [item for item in extra if item.startswith("-")]
+        if not flags:
+            args.overrides = [*args.overrides, *extra]
+            return args
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plan"]:  # its own sub-commands and options (rlsys.plan.command)
         from rlsys.plan.command import main as plan_main
 
         return plan_main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     if args.command == "export":
         return _export(args.checkpoint, args.out_dir, args.merge)
     if args.command == "scale":
@@ -186,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlsys.resolve import load_config
 
     try:
-        cfg = load_config(args.overrides)
+        program = "train" if args.command in ("submit", *JOB_COMMANDS) else args.command
+        cfg = load_config(args.overrides, program=program)
     except ConfigError as exc:
         print(f"rlsys {args.command}: config error: {exc}", file=sys.stderr)
         return 2

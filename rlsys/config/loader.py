@@ -98,12 +98,35 @@ def _check_overrides(overrides: list[str], root: Path) -> None:
                 f"override {override!r} is not key=value (overrides: {' '.join(overrides)}); "
                 "write e.g. task=arithmetic or data.batch_size=16"
             )
+        if override.startswith("+"):
+            _check_added_key(key, root)
         group = root / key
         if group.is_dir() and not (group / f"{value}.yaml").is_file():
             presets = sorted(p.stem for p in group.glob("*.yaml"))
             raise ConfigError(
                 f"{key}={value}: no preset {group / value}.yaml; use one of {presets}"
             )
+
+
+def _check_added_key(key: str, root: Path) -> None:
+    """``+key=value`` / ``++key=value`` add a key the config lacks, which Hydra allows anywhere:
+    ``+learner.world_sizee=2`` was taken silently and trained with the default. An added key
+    must be a preset group (``+experiment=x``), Hydra's own (``hydra.*``), or lie under one of
+    the schema's free-form dict fields (``+launcher.kuberay.env.A=1``)."""
+    if key.startswith("hydra.") or (root / key).is_dir():
+        return
+    schema = OmegaConf.structured(TrainConfig)
+    if any(key.startswith(f"{field}.") for field in _dict_fields(schema)):
+        return
+    known = _all_keys(schema)
+    if key in known:
+        return  # an existing key: Hydra itself says `+` cannot add it again
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else "see `rlsys train --cfg job` for the keys"
+    raise ConfigError(
+        f"unknown config key '{key}' (from +{key}); {hint} (`+` adds keys only under the "
+        "free-form sections, e.g. reward.extra, algorithm.policy_loss_args, launcher.kuberay.env)"
+    )
 
 
 def _yaml_error(exc: yaml.YAMLError) -> str:

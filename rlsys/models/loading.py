@@ -18,6 +18,7 @@ from rlsys.models.builtin import (
     saved_extra_tokens,
 )
 from rlsys.models.gguf import GGUF_PREFIX, gguf_dir
+from rlsys.models.hub import check_hub_model
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -130,12 +131,14 @@ def _safetensors_header(file: Path, where: str) -> dict:
 
 def resolve_model_path(cfg: ModelConfig) -> str:
     """A path or hub id that ``from_pretrained`` accepts (builds built-in models and converts
-    GGUF models once, into the cache)."""
+    GGUF models once, into the cache; a hub id must be cached or answer on the hub)."""
     check_model_path(cfg.path)
     if cfg.path.startswith(BUILTIN_PREFIX):
         return str(builtin_dir(cfg))
     if cfg.path.startswith(GGUF_PREFIX):
         return str(gguf_dir(cfg.path))
+    if not _looks_local(cfg.path):
+        check_hub_model(cfg.path)
     return os.path.expanduser(cfg.path)
 
 

@@ -23,19 +23,23 @@ from rlsys.resolve.plugins import absolute, load_plugins
 __all__ = ["load_config", "load_run_config", "resized", "resolve"]
 
 
-def resolve(cfg: TrainConfig) -> TrainConfig:
+def resolve(cfg: TrainConfig, program: str = "train") -> TrainConfig:
     """``cfg`` with its plugins imported (their paths made absolute), its names and
-    cross-section rules checked; raises ConfigError naming the key at fault and the fix."""
+    cross-section rules checked for ``program`` (``train``, ``sft``, ``eval``, ...: each is
+    asked only for the keys it uses); raises ConfigError naming the key at fault and the fix."""
     load_plugins(cfg.plugins)
     cfg = dataclasses.replace(cfg, plugins=absolute(cfg.plugins)) if cfg.plugins else cfg
     check_names(cfg)
-    check_train_config(cfg)
+    check_train_config(cfg, program)
     return cfg
 
 
-def load_config(overrides: list[str] | None = None, config_name: str = "config") -> TrainConfig:
-    """Compose ``conf/<config_name>.yaml`` with ``overrides`` and check all of it."""
-    return resolve(read_config(overrides, config_name))
+def load_config(
+    overrides: list[str] | None = None, config_name: str = "config", program: str = "train"
+) -> TrainConfig:
+    """Compose ``conf/<config_name>.yaml`` with ``overrides`` and check all of it, as
+    ``program`` uses it."""
+    return resolve(read_config(overrides, config_name), program)
 
 
 def load_run_config(path: str | Path, plugins: bool = False) -> TrainConfig:

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from rlsys.config.schema import TrainConfig
 
 
-def check_train_config(cfg: TrainConfig) -> None:
-    """Every cross-section check of ``cfg``."""
-    _check_eval_sizes(cfg)
+def check_train_config(cfg: TrainConfig, program: str = "train") -> None:
+    """Every cross-section check of ``cfg`` for ``program`` (the CLI command that runs it)."""
+    _check_eval_sizes(cfg, program)
     _check_algorithm_fit(cfg)
     _check_devices(cfg)
     _check_gpu_counts(cfg)
@@ -39,14 +39,16 @@ def check_train_config(cfg: TrainConfig) -> None:
     _check_multi_turn_advantage(cfg)
 
 
-def _check_eval_sizes(cfg: TrainConfig) -> None:
-    """Evaluations draw from the task's held-out split."""
-    if cfg.eval.num_prompts > cfg.task.eval_size:
+def _check_eval_sizes(cfg: TrainConfig, program: str) -> None:
+    """Evaluations draw from the task's held-out split: ``rlsys sft`` evaluates on
+    ``sft.eval_prompts`` of them, every other program on ``eval.num_prompts`` (each is asked
+    only for the key it uses)."""
+    if program != "sft" and cfg.eval.num_prompts > cfg.task.eval_size:
         raise ConfigError(
             f"eval.num_prompts={cfg.eval.num_prompts} exceeds task.eval_size="
             f"{cfg.task.eval_size}; lower eval.num_prompts or raise task.eval_size"
         )
-    if cfg.sft.eval_prompts > cfg.task.eval_size:
+    if program == "sft" and cfg.sft.eval_prompts > cfg.task.eval_size:
         raise ConfigError(
             f"sft.eval_prompts={cfg.sft.eval_prompts} exceeds task.eval_size="
             f"{cfg.task.eval_size}; lower sft.eval_prompts"
