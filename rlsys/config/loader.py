@@ -17,14 +17,16 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
+from rlsys.config.shipped import shipped
 
 SCHEMA_NAME = "rlsys_schema"
 
 
 def conf_dir() -> Path:
-    """The presets folder: $RLSYS_CONF_DIR, else ``conf/`` beside the package."""
+    """The presets folder: $RLSYS_CONF_DIR, else the installed wheel's copy of ``conf/``, else
+    the checkout's ``conf/`` (``rlsys.config.shipped``)."""
     env = os.environ.get("RLSYS_CONF_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    return Path(env) if env else shipped("conf")
 
 
 def _register_schema() -> None:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlsys.config.schema import TrainConfig
+from rlsys.config.shipped import shipped
 from rlsys.launch.base import LAUNCHERS, LaunchError, run_tool, train_command
 from rlsys.placement import PoolSpec, Roles, pool_specs
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "rlsys.sbatch"
+TEMPLATE = shipped("scripts/slurm/rlsys.sbatch")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 # Keys the script sets itself: a fixed run name and resume=auto, so a requeue continues.
 _SCRIPT_KEYS = ("run.name", "resume")
