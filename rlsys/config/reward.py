@@ -86,6 +86,12 @@ class RewardConfig:
     # (prompt, completion, metadata) and returning a float or a dict with "reward" (sync or
     # async).
     fn: str | None = None
+    # A reward service over HTTP replacing task.reward: batches of prompt/completion/metadata
+    # POSTed as JSON, one score per item back (protocol: rlsys/rewards/remote.py). Sent in
+    # chunks of reward.batch_size, each within reward.timeout_s.
+    url: str | None = None
+    url_retries: int = 2  # retries of a batch after a connection error, timeout, 429 or 5xx
+    url_key_env: str | None = "RLSYS_REWARD_API_KEY"  # sent as a Bearer token where it is set
     weight: float = 1.0  # weight of the verifier (task.reward / reward.fn)
     # More registered rewards added to the total, name -> weight, e.g. {format: 0.1}.
     extra: dict[str, float] = field(default_factory=dict)
@@ -104,6 +110,18 @@ class RewardConfig:
                 f"reward.fn={self.fn!r} must be 'path/to/file.py:function', e.g. "
                 "reward.fn=my_rewards.py:score"
             )
+        if self.url is not None:
+            if self.fn is not None:
+                raise ConfigError(
+                    f"reward.fn={self.fn!r} and reward.url={self.url!r} both replace the task's "
+                    "verifier; set one of them"
+                )
+            if not self.url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"reward.url={self.url!r} is not an http:// or https:// URL; give the "
+                    "reward service's endpoint, e.g. reward.url=http://127.0.0.1:8000/score"
+                )
+        non_negative("reward.url_retries", self.url_retries)
         positive("reward.timeout_s", self.timeout_s)
         non_negative("reward.num_workers", self.num_workers)
         positive("reward.num_cpus_per_worker", self.num_cpus_per_worker)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from rlsys.config.reward import RewardConfig
 from rlsys.rewards.registry import RewardFn, build_reward
+from rlsys.rewards.remote import RemoteReward
 from rlsys.rewards.scoring import (
     RewardCall,
     RewardOutcome,
@@ -32,8 +33,9 @@ class Component:
 
 
 def verifier_name(task_reward: str, cfg: RewardConfig) -> str:
-    """The metric name of the verifier: ``task.reward``, or ``user`` for ``reward.fn``."""
-    return "user" if cfg.fn else task_reward
+    """The metric name of the verifier: ``task.reward``, ``user`` for ``reward.fn``, ``remote``
+    for ``reward.url``."""
+    return "user" if cfg.fn else "remote" if cfg.url else task_reward
 
 
 def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Component]:
@@ -41,6 +43,10 @@ def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Componen
     user reward runs in a child process of its own, the built-in ones in this process."""
     if cfg.fn:
         verifier = UserRewardProcess(cfg.fn, cfg.timeout_s)
+    elif cfg.url:
+        verifier = RemoteReward(
+            cfg.url, cfg.batch_size, cfg.timeout_s, cfg.url_retries, cfg.url_key_env
+        )
     else:
         verifier = build_reward(task_reward, cfg)
     components = [Component(verifier_name(task_reward, cfg), verifier, cfg.weight, True)]
