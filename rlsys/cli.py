@@ -103,8 +103,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _export(checkpoint: str, out_dir: str, merge: bool) -> int:
-    from rlsys.app import export_policy
     from rlsys.checkpoint.store import CheckpointError
+    from rlsys.commands.train import export_policy
 
     try:
         print(f"exported: {export_policy(checkpoint, out_dir, merge)}")
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(to_yaml(cfg), end="")
         return 0
     from rlsys.launch.local import preflight
-    from rlsys.placement import Roles
+    from rlsys.placement.resources import Roles
 
     try:
         preflight(cfg, Roles.for_rl(cfg) if args.command == "train" else Roles())
@@ -206,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
-    from rlsys import app
     from rlsys.checkpoint.store import CheckpointError
+    from rlsys.commands import train as app
     from rlsys.run.lock import RunDirInUse
     from rlsys.runtime import quiet_libraries
 

@@ -41,9 +41,9 @@ COMPARED = (
 
 
 def _train(run_dir: Path, overrides: list[str]) -> tuple[dict, dict[int, dict], list[int]]:
-    """``rlsys.app.train`` in this process; the summary, the records by step and the steps
-    logged (with repeats)."""
-    from rlsys import app
+    """``rlsys.commands.train.train`` in this process; the summary, the records by step and
+    the steps logged (with repeats)."""
+    from rlsys.commands import train as app
     from rlsys.resolve import load_config
 
     cfg = load_config(

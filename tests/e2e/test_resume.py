@@ -102,8 +102,9 @@ def _sigterm_after(metrics: Path, step: int) -> threading.Thread:
 
 
 def _train(tmp_path: Path, name: str, overrides: list[str], stop_after: int | None = None):
-    """``rlsys.app.train`` in this process; returns the summary and the records by step."""
-    from rlsys import app
+    """``rlsys.commands.train.train`` in this process; returns the summary and the records by
+    step."""
+    from rlsys.commands import train as app
     from rlsys.resolve import load_config
 
     cfg = load_config([*COMMON, f"run.output_dir={tmp_path}", f"run.name={name}", *overrides])

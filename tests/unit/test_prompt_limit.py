@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from rlsys.app import evaluate, resolve_prompt_limit
+from rlsys.commands.train import evaluate, resolve_prompt_limit
 from rlsys.config.errors import ConfigError
 from rlsys.data.tasks import TaskSplits, load_task, screen
 from rlsys.models.loading import context_length, load_tokenizer

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from rlsys import app
 from rlsys.cli import main
+from rlsys.commands import train as app
 from rlsys.config.loader import to_yaml
 from rlsys.resolve import load_config
 from rlsys.run.doctor_checks import TRAIN_OVERRIDES

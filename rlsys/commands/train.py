@@ -21,7 +21,7 @@ from rlsys.models.loading import (
     load_tokenizer,
     resolve_model_path,
 )
-from rlsys.placement import Roles
+from rlsys.placement.resources import Roles
 from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 from rlsys.run.directory import check_output_dir, make_run_dir, record_cluster, write_summary
 from rlsys.run.lock import lock_run_dir, owns_run_dir
@@ -45,8 +45,8 @@ def _sft_to(
     tracker: Tracker | None,
 ) -> dict:
     """Run SFT from ``model_path`` on fresh pools and save the result to ``out``."""
-    from rlsys.pools import start_pools
     from rlsys.trainers.sft import run_sft
+    from rlsys.workers.pools import start_pools
 
     pools = start_pools(cfg, model_path, Roles(), temperature=1.0)
     try:
@@ -260,8 +260,8 @@ def train(cfg: TrainConfig) -> Path:
     resume = _resume_point(cfg)
     base, tokenizer, task = _inputs(cfg)
     from rlsys.checkpoint.store import CheckpointStore  # after the checks: torch takes seconds
-    from rlsys.pools import start_pools
     from rlsys.trainers.rl.controller import Controller
+    from rlsys.workers.pools import start_pools
 
     saved: dict = {}
     if resume is None:
@@ -387,7 +387,7 @@ def rm(cfg: TrainConfig) -> Path:
     """``rlsys rm``: train a reward model on preference pairs; it lands in
     ``checkpoints/final`` as a sequence-classification model for ``reward.model.paths``."""
     from rlsys.data.preferences import reward_model_rows
-    from rlsys.placement import plan_placement
+    from rlsys.placement.resources import plan_placement
     from rlsys.trainers.preference.rm import run_rm
     from rlsys.workers.learner import LearnerGroup
     from rlsys.workers.rollout import RolloutPool
@@ -442,8 +442,8 @@ def dpo(cfg: TrainConfig) -> Path:
     """``rlsys dpo``: DPO / IPO / conservative DPO of the policy on preference pairs; the
     policy lands in ``checkpoints/final``."""
     from rlsys.data.preferences import policy_rows
-    from rlsys.pools import start_pools
     from rlsys.trainers.preference.dpo import run_dpo
+    from rlsys.workers.pools import start_pools
 
     started = time.perf_counter()
     run_dir, tokenizer, task, start, warm = _preference_setup(cfg, "dpo")
