@@ -167,11 +167,11 @@ COMPARED = ("rollout/reward_mean", "rollout/response_tokens", "train/loss", "tra
 def _train(tmp_path, name: str) -> tuple[dict, dict[int, dict], list[int]]:
     """``rlsys.commands.train.train`` in this process: its summary, records by step, logged
     steps."""
-    from rlsys.commands import train as app
+    from rlsys.commands.train import train
     from rlsys.resolve import load_config
 
     cfg = load_config([*ABORT_RUN, f"run.output_dir={tmp_path}", f"run.name={name}"])
-    summary = json.loads(app.train(cfg).read_text())
+    summary = json.loads(train(cfg).read_text())
     records = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     by_step: dict[int, dict] = {}
     for record in records:
