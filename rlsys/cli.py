@@ -103,8 +103,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _export(checkpoint: str, out_dir: str, merge: bool) -> int:
-    from rlsys.app import export_policy
     from rlsys.checkpoint.store import CheckpointError
+    from rlsys.commands.export import export_policy
 
     try:
         print(f"exported: {export_policy(checkpoint, out_dir, merge)}")
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         print(to_yaml(cfg), end="")
         return 0
     from rlsys.launch.local import preflight
-    from rlsys.placement import Roles
+    from rlsys.placement.resources import Roles
 
     try:
         preflight(cfg, Roles.for_rl(cfg) if args.command == "train" else Roles())
@@ -223,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
-    from rlsys import app
     from rlsys.checkpoint.store import CheckpointError
     from rlsys.run.lock import RunDirInUse
     from rlsys.runtime import quiet_libraries
@@ -231,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     try:
         if args.command == "train":
-            path = app.train(cfg)
+            from rlsys.commands.train import train
+
+            path = train(cfg)
             print(f"summary: {path}")
             summary = json.loads(path.read_text())
             if summary["preempted"]:
@@ -243,10 +244,18 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return INTERRUPTED_EXIT if signame == "SIGINT" else PREEMPTED_EXIT
-        elif args.command in ("sft", "rm", "dpo"):
-            print(f"summary: {getattr(app, args.command)(cfg)}")
+        elif args.command == "sft":
+            from rlsys.commands.sft import sft
+
+            print(f"summary: {sft(cfg)}")
+        elif args.command in ("rm", "dpo"):
+            from rlsys.commands import preference
+
+            print(f"summary: {getattr(preference, args.command)(cfg)}")
         else:
-            print(json.dumps(app.evaluate(cfg), indent=2))
+            from rlsys.commands.evaluate import evaluate
+
+            print(json.dumps(evaluate(cfg), indent=2))
     except RunDirInUse as exc:  # another run owns the directory: not a config mistake
         print(f"rlsys {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -41,11 +41,11 @@ def main() -> int:
     from rlsys.data.tasks import load_task
     from rlsys.launch.local import connect_ray
     from rlsys.models.loading import load_tokenizer, resolve_model_path
-    from rlsys.placement import Roles
-    from rlsys.pools import start_pools
+    from rlsys.placement.resources import Roles
     from rlsys.run.tracking import Tracker
     from rlsys.runtime import quiet_libraries
     from rlsys.trainers.rl.controller import Controller, setup_frozen
+    from rlsys.workers.pools import start_pools
 
     quiet_libraries()
     roles = Roles.for_rl(cfg)

@@ -157,7 +157,7 @@ def main() -> int:
 
     from rlsys.data.tasks import load_task
     from rlsys.models.loading import load_tokenizer, resolve_model_path
-    from rlsys.placement import ActorResources
+    from rlsys.placement.resources import ActorResources
     from rlsys.resolve import load_config
     from rlsys.runtime import quiet_libraries
     from rlsys.trainers.collector import RolloutCollector

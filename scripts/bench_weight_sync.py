@@ -90,7 +90,8 @@ def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 5, device: str = "cpu") 
 
 
 def make_actors(ray, device: str = "cpu", num_gpus: float = 0):
-    from rlsys.placement import thread_env  # OpenMP threads from process start, as rlsys actors
+    # OpenMP threads from process start, as rlsys actors
+    from rlsys.placement.resources import thread_env
 
     @ray.remote(num_cpus=0, num_gpus=num_gpus, runtime_env=thread_env(os.cpu_count() or 1))
     class Sender:

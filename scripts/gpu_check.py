@@ -9,7 +9,8 @@ for real, records its figures or its failure, and the next one runs regardless:
 
   ray           Ray starts and offers the GPU
   placement     an FSDP2 learner rank and an HF engine colocated on that GPU through placement
-                groups (rlsys.gpu_slots): both report the same physical GPU and a CUDA device
+                groups (rlsys.placement.gpu_slots): both report the same physical GPU and a
+                CUDA device
   sync          CUDA IPC weight sync between the two Ray actors after a training step: the
                 engine's weights equal the learner's bit for bit (and differed before it)
   qwen_shape    a random-weight model of Qwen2.5-0.5B's shape, built from its config: learner
@@ -209,8 +210,8 @@ def check_ray(ctx: Context) -> dict:
 
 def _tiny_pools(ctx: Context, overrides: list[str]):
     from rlsys.models.loading import resolve_model_path
-    from rlsys.placement import Roles
-    from rlsys.pools import start_pools
+    from rlsys.placement.resources import Roles
+    from rlsys.workers.pools import start_pools
 
     ctx.ray()
     cfg = ctx.config(overrides)
@@ -314,9 +315,9 @@ def check_qwen_shape(ctx: Context) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlsys.placement import Roles
-    from rlsys.pools import start_pools
+    from rlsys.placement.resources import Roles
     from rlsys.types import SamplingParams
+    from rlsys.workers.pools import start_pools
 
     ctx.stop_pools()
     ctx.ray()
@@ -415,7 +416,7 @@ def check_deepspeed(ctx: Context) -> dict:
     except ImportError as exc:
         raise RuntimeError(f"DeepSpeed is not installed here ({exc})") from exc
     from rlsys.models.loading import resolve_model_path
-    from rlsys.placement import Roles, plan_placement
+    from rlsys.placement.resources import Roles, plan_placement
     from rlsys.workers.learner import LearnerGroup
 
     ctx.stop_pools()

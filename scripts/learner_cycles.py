@@ -250,12 +250,12 @@ def main() -> int:
 
     import ray
 
-    from rlsys import placement
     from rlsys.algorithms.objectives import PolicyObjective
     from rlsys.config.learner import LearnerConfig, OptimConfig
     from rlsys.config.schema import ModelConfig
     from rlsys.models.loading import resolve_model_path
-    from rlsys.placement import ActorResources
+    from rlsys.placement import resources as placement
+    from rlsys.placement.resources import ActorResources
 
     if args.no_malloc_tuning:
         placement.MALLOC_ENV.clear()  # thread_env reads it when each actor is made

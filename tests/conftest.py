@@ -148,11 +148,11 @@ def run_controller(ray_cpu, tiny_model_dir, tmp_path):
     from rlsys.config.schema import ModelConfig
     from rlsys.data.tasks import load_task
     from rlsys.models.loading import load_tokenizer, resolve_model_path
-    from rlsys.placement import Roles
-    from rlsys.pools import start_pools
+    from rlsys.placement.resources import Roles
     from rlsys.resolve import load_config
     from rlsys.run.tracking import Tracker
     from rlsys.trainers.rl.controller import Controller
+    from rlsys.workers.pools import start_pools
 
     def run(overrides: list[str], before=None) -> tuple[dict, list[dict]]:
         """``before(cfg, pools, tokenizer, task)``, if given, runs on the pools first (e.g. a

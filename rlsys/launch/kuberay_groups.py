@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from rlsys.config.errors import ConfigError
 from rlsys.config.kuberay import WorkerGroupConfig, quantity_bytes
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import (
+from rlsys.placement.resources import (
     TIME_SHARED,
     ActorResources,
     Roles,
@@ -87,8 +87,8 @@ def _per_pod(
     turns on the same devices, so the group must hold each pool alone at full size)."""
     slots = {p.name: math.ceil(p.count / replicas) for p in pools}
     cpus = sum(slots[p.name] * p.actor.num_cpus for p in pools)
-    # GPU actors hold whole GPUs (rlsys.gpu_slots): the configured count per actor, not the
-    # share of its first GPU it asks Ray for; colocated pools take turns on theirs
+    # GPU actors hold whole GPUs (rlsys.placement.gpu_slots): the configured count per actor,
+    # not the share of its first GPU it asks Ray for; colocated pools take turns on theirs
     whole = [slots[p.name] * p.gpus for p in pools if p.name in TIME_SHARED]
     gpus = sum(slots[p.name] * p.gpus for p in pools if p.name not in TIME_SHARED)
     if whole:

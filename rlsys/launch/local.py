@@ -10,7 +10,7 @@ import sys
 
 from rlsys.config.schema import ClusterConfig, TrainConfig
 from rlsys.launch.base import LAUNCHERS, LaunchError, run_overrides, shell_join
-from rlsys.placement import (
+from rlsys.placement.resources import (
     Roles,
     check_fits,
     connected_node_gpus,

@@ -16,7 +16,7 @@ from pathlib import Path
 from rlsys.config.schema import TrainConfig
 from rlsys.config.shipped import shipped
 from rlsys.launch.base import LAUNCHERS, LaunchError, run_tool, train_command
-from rlsys.placement import PoolSpec, Roles, pool_specs
+from rlsys.placement.resources import PoolSpec, Roles, pool_specs
 
 TEMPLATE = shipped("scripts/slurm/rlsys.sbatch")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")

@@ -155,7 +155,8 @@ class Cluster:
 
     @property
     def node_gpus(self) -> list[float]:
-        """GPUs per node (``placement.check_fits`` / ``placement_check.predict`` take it)."""
+        """GPUs per node (``placement.resources.check_fits`` and ``placement.check.predict``
+        take it)."""
         return [float(self.gpus_per_node)] * self.nodes
 
     @classmethod

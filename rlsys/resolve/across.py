@@ -135,8 +135,9 @@ def _check_devices(cfg: TrainConfig) -> None:
 
 
 def _check_gpu_counts(cfg: TrainConfig) -> None:
-    """GPU actors hold whole GPUs (placement groups bind each to its own, rlsys.gpu_slots):
-    a rank of a learner-like group drives one, an engine one per tensor-parallel shard."""
+    """GPU actors hold whole GPUs (placement groups bind each to its own,
+    rlsys.placement.gpu_slots): a rank of a learner-like group drives one, an engine one per
+    tensor-parallel shard."""
     ranks = [
         ("learner.num_gpus_per_rank", cfg.learner.num_gpus_per_rank),
         ("critic.num_gpus_per_rank", cfg.critic.num_gpus_per_rank),
@@ -171,8 +172,9 @@ def _whole_gpus(key: str, value: float) -> None:
 
 
 def _check_gpu_transport(cfg: TrainConfig) -> None:
-    """Weight transports against the GPU layout (rlsys.gpu_slots): colocated learner rank 0
-    shares its GPU with engine 0, and the CUDA IPC sender reaches only engines on its GPU."""
+    """Weight transports against the GPU layout (rlsys.placement.gpu_slots): colocated learner
+    rank 0 shares its GPU with engine 0, and the CUDA IPC sender reaches only engines on its
+    GPU."""
     on_gpus = cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0
     if not on_gpus:
         return

@@ -15,7 +15,7 @@ import ray
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardModelConfig
 from rlsys.models.reward_model import RewardModelLoadError, encode_pairs, reward_tokenizer
-from rlsys.placement import ActorResources
+from rlsys.placement.resources import ActorResources
 from rlsys.workers.learner import LearnerGroup
 
 _COMBINE = {"mean": np.mean, "min": np.min}

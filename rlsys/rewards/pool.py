@@ -17,7 +17,7 @@ import threading
 import ray
 
 from rlsys.config.reward import RewardConfig
-from rlsys.placement import ActorResources
+from rlsys.placement.resources import ActorResources
 from rlsys.rewards.scorer import Item, RewardScorer
 from rlsys.rewards.scoring import RewardOutcome
 

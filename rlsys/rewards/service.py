@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from rlsys.config.reward import RewardConfig
-from rlsys.placement import ActorResources
+from rlsys.placement.resources import ActorResources
 from rlsys.rewards.scorer import Component, Item, RewardScorer, merge
 from rlsys.rewards.scoring import RewardOutcome
 

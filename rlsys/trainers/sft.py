@@ -16,10 +16,10 @@ from rlsys.config.schema import SFTConfig
 from rlsys.data.collate import attach_pixels, pack
 from rlsys.data.sampler import PromptSampler
 from rlsys.data.tasks import TaskSplits
-from rlsys.pools import Pools
 from rlsys.run.progress import Progress
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
+from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import ray
 from rlsys.algorithms.objectives import PolicyObjective, needs_old_logprobs
 from rlsys.config.learner import LearnerConfig
 from rlsys.config.schema import LoraConfig
-from rlsys.placement import ActorResources
+from rlsys.placement.resources import ActorResources
 from rlsys.runtime import abort_if_asked
 from rlsys.types import TrainBatch
 from rlsys.weight_sync.base import SendResult, SyncAddress, WeightTransport
@@ -46,7 +46,7 @@ class LearnerWorker:
     def devices(self) -> dict:
         """The GPUs Ray gave this rank and the device it trains on
         (``gpu_slots.device_report``)."""
-        from rlsys.gpu_slots import device_report
+        from rlsys.placement.gpu_slots import device_report
 
         return device_report(self.device_type)
 

@@ -12,7 +12,7 @@ import ray
 
 from rlsys.config.schema import RolloutConfig
 from rlsys.engines.base import WAKE_ALL, RolloutEngine
-from rlsys.placement import ActorResources
+from rlsys.placement.resources import ActorResources
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync.base import SyncAddress, WeightTransport, WeightUpdate
 from rlsys.workers.calls import get_all
@@ -44,7 +44,7 @@ class RolloutWorker:
         that alpha / rank) and weight syncs carry only them, merged here into the base;
         ``visible_devices``: the GPUs of an engine over several (``ActorResources``)."""
         from rlsys.engines import ENGINES
-        from rlsys.gpu_slots import bind_visible_devices
+        from rlsys.placement.gpu_slots import bind_visible_devices
         from rlsys.runtime import limit_threads, pick_device, quiet_libraries
 
         bind_visible_devices(visible_devices)
@@ -126,7 +126,7 @@ class RolloutWorker:
     def devices(self) -> dict:
         """The GPUs Ray gave this worker and the device its engine runs on
         (``gpu_slots.device_report``)."""
-        from rlsys.gpu_slots import device_report
+        from rlsys.placement.gpu_slots import device_report
 
         return device_report(self.device)
 

@@ -237,7 +237,7 @@ def test_learner_group_picks_deepspeed_and_checkpoints_through_ray(
     pytest.importorskip("deepspeed", reason=NO_DEEPSPEED)
     from backend_harness import learner_config
 
-    from rlsys.placement import ActorResources
+    from rlsys.placement.resources import ActorResources
     from rlsys.workers.learner import LearnerGroup
 
     cfg = learner_config("zero2")

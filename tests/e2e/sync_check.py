@@ -18,9 +18,9 @@ from rlsys.config.schema import TrainConfig
 from rlsys.data.collate import pack
 from rlsys.data.tasks import load_task
 from rlsys.models.loading import load_tokenizer
-from rlsys.pools import Pools
 from rlsys.types import SamplingParams
 from rlsys.weight_sync.base import SendResult
+from rlsys.workers.pools import Pools
 
 
 def check_greedy_agreement(
@@ -66,9 +66,9 @@ def main(address: str, root: str, overrides: list[str]) -> None:
     import ray
 
     from rlsys.models.loading import resolve_model_path
-    from rlsys.placement import Roles
-    from rlsys.pools import start_pools
+    from rlsys.placement.resources import Roles
     from rlsys.resolve import load_config
+    from rlsys.workers.pools import start_pools
 
     cfg = load_config(overrides)
     model_dir = resolve_model_path(cfg.model)

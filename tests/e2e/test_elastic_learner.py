@@ -41,15 +41,15 @@ COMPARED = (
 
 
 def _train(run_dir: Path, overrides: list[str]) -> tuple[dict, dict[int, dict], list[int]]:
-    """``rlsys.app.train`` in this process; the summary, the records by step and the steps
-    logged (with repeats)."""
-    from rlsys import app
+    """``rlsys.commands.train.train`` in this process; the summary, the records by step and
+    the steps logged (with repeats)."""
+    from rlsys.commands.train import train
     from rlsys.resolve import load_config
 
     cfg = load_config(
         [*COMMON, f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}", *overrides]
     )
-    summary = json.loads(app.train(cfg).read_text())
+    summary = json.loads(train(cfg).read_text())
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = [r["step"] for r in records if "train/loss" in r]
     by_step: dict[int, dict] = {}

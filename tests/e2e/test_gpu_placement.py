@@ -1,11 +1,11 @@
 """GPU placement on a simulated cluster: two Ray nodes on loopback with 4 logical GPUs each.
 
-Ray's real scheduler places every actor of each layout (``python -m rlsys.placement_check``:
+Ray's real scheduler places every actor of each layout (``python -m rlsys.placement.check``:
 stand-ins started with the pools' own options, placement-group slots and device binding), and
 each reports the GPUs Ray gave it and the ones it sees. The layouts are the ones GPU users
 start with (colocated learner and engines, tensor-parallel engines, PPO's critic and
 reference, reward models, disaggregated pools); the checks are what NCCL and a GPU need
-(``rlsys.placement_check.violations``), plus the layouts no cluster of this shape can hold,
+(``rlsys.placement.check.violations``), plus the layouts no cluster of this shape can hold,
 refused before any actor starts with the key to change, and the commands ``rlsys plan`` prints
 for this cluster, placed as printed."""
 
@@ -135,13 +135,13 @@ def _python(cluster, args: list[str], timeout: float) -> subprocess.CompletedPro
 @pytest.fixture(scope="module")
 def placed(cluster, tmp_path_factory):
     """Every layout (each pool at its largest elastic size) and refusal, placed in one
-    session of ``python -m rlsys.placement_check``."""
+    session of ``python -m rlsys.placement.check``."""
     cases = [*LAYOUTS.values(), *(overrides for overrides, _ in REFUSED.values())]
     path = tmp_path_factory.mktemp("placement") / "cases.json"
     path.write_text(json.dumps(cases))
     result = _python(
         cluster,
-        ["-m", "rlsys.placement_check", "--address", cluster.gcs, "--cases", str(path), "--json"],
+        ["-m", "rlsys.placement.check", "--address", cluster.gcs, "--cases", str(path), "--json"],
         timeout=400,
     )
     assert result.stdout.strip(), result.stderr[-3000:]
@@ -154,7 +154,7 @@ def placed(cluster, tmp_path_factory):
 # for its GPUs times out, and the groups are removed at once (this hung the run before).
 NO_ROOM = """
 import sys, time, ray
-from rlsys.gpu_slots import SlotPool, SlotPoolSpec, SlotUser
+from rlsys.placement.gpu_slots import SlotPool, SlotPoolSpec, SlotUser
 ray.init(address=sys.argv[1], logging_level="ERROR")
 pool = SlotPool(SlotPoolSpec("engines", 2, (SlotUser("rollout", 4, 2, 1.0, 0.1),), 4))
 assert pool.gpu_ids(range(0, 2), timeout_s=60) and pool.gpu_ids(range(4, 6), timeout_s=60)

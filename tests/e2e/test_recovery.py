@@ -52,11 +52,11 @@ def _run(tmp_path, tiny_model_dir, overrides, victim_of, kill_after_step, checkp
     from rlsys.checkpoint.store import CheckpointStore
     from rlsys.data.tasks import load_task
     from rlsys.models.loading import load_tokenizer
-    from rlsys.placement import Roles
-    from rlsys.pools import start_pools
+    from rlsys.placement.resources import Roles
     from rlsys.resolve import load_config
     from rlsys.run.tracking import Tracker
     from rlsys.trainers.rl.controller import Controller
+    from rlsys.workers.pools import start_pools
 
     cfg = load_config(BASE + overrides)
     pools = start_pools(cfg, tiny_model_dir, Roles.for_rl(cfg))
@@ -165,12 +165,13 @@ COMPARED = ("rollout/reward_mean", "rollout/response_tokens", "train/loss", "tra
 
 
 def _train(tmp_path, name: str) -> tuple[dict, dict[int, dict], list[int]]:
-    """``rlsys.app.train`` in this process: its summary, records by step, logged steps."""
-    from rlsys import app
+    """``rlsys.commands.train.train`` in this process: its summary, records by step, logged
+    steps."""
+    from rlsys.commands.train import train
     from rlsys.resolve import load_config
 
     cfg = load_config([*ABORT_RUN, f"run.output_dir={tmp_path}", f"run.name={name}"])
-    summary = json.loads(app.train(cfg).read_text())
+    summary = json.loads(train(cfg).read_text())
     records = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     by_step: dict[int, dict] = {}
     for record in records:

@@ -10,7 +10,7 @@ import torch
 
 from rlsys.models.loading import load_model
 from rlsys.models.logprobs import first_scored, token_logprobs
-from rlsys.placement import Roles, plan_placement
+from rlsys.placement.resources import Roles, plan_placement
 from rlsys.resolve import load_config
 from rlsys.workers.learner import LearnerGroup
 
@@ -87,7 +87,7 @@ def test_a_lora_run_takes_its_reference_from_the_learner_base(ray_cpu, tiny_mode
     trained (so the policy itself no longer does), and the KL estimates agree."""
     from rlsys.algorithms.kl import kl_estimate
     from rlsys.algorithms.objectives import SFTObjective
-    from rlsys.pools import start_pools
+    from rlsys.workers.pools import start_pools
 
     batch = _batch(tiny_model_dir)
     cfg = load_config(["algorithm.kl_coef=0.05", "model.lora.rank=8", "learner.optim.lr=1e-2"])

@@ -102,14 +102,15 @@ def _sigterm_after(metrics: Path, step: int) -> threading.Thread:
 
 
 def _train(tmp_path: Path, name: str, overrides: list[str], stop_after: int | None = None):
-    """``rlsys.app.train`` in this process; returns the summary and the records by step."""
-    from rlsys import app
+    """``rlsys.commands.train.train`` in this process; returns the summary and the records by
+    step."""
+    from rlsys.commands.train import train
     from rlsys.resolve import load_config
 
     cfg = load_config([*COMMON, f"run.output_dir={tmp_path}", f"run.name={name}", *overrides])
     if stop_after is not None:
         _sigterm_after(tmp_path / name / "metrics.jsonl", stop_after)
-    summary = json.loads(app.train(cfg).read_text())
+    summary = json.loads(train(cfg).read_text())
     lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(x) for x in lines]
     steps = [r["step"] for r in records if "train/loss" in r or "eval/accuracy" in r]

@@ -70,7 +70,7 @@ def test_code_reward_runs_sandboxed_on_reward_workers_in_training(run_controller
 
 def test_code_reward_scores_reference_solutions_through_the_reward_workers(ray_cpu):
     from rlsys.config.reward import RewardConfig
-    from rlsys.placement import ActorResources
+    from rlsys.placement.resources import ActorResources
     from rlsys.rewards.service import RewardService
 
     rows = [json.loads(line) for line in CODE_TASKS.read_text().splitlines() if line.strip()]

@@ -12,11 +12,11 @@ from rlsys.data.collate import attach_pixels, pack, samples_to_batch
 from rlsys.data.tasks import load_task
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.models.vision import VISION_PREFIX
-from rlsys.placement import Roles
-from rlsys.pools import start_pools
+from rlsys.placement.resources import Roles
 from rlsys.resolve import load_config
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import SamplingParams
+from rlsys.workers.pools import start_pools
 
 SMALL = [
     "model=tiny-vl",

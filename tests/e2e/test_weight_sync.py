@@ -10,9 +10,9 @@ import pytest
 from sync_check import check_greedy_agreement
 
 from rlsys.models.loading import load_model
-from rlsys.placement import Roles
-from rlsys.pools import start_pools
+from rlsys.placement.resources import Roles
 from rlsys.resolve import load_config
+from rlsys.workers.pools import start_pools
 
 # CI covers each engine, transport and data plane once, and the tensor-parallel reshard; the
 # 1-rank variants run in the long tier.

@@ -8,13 +8,13 @@ import pickle
 import numpy as np
 import pytest
 
-from rlsys.app import _resume_point
 from rlsys.checkpoint.store import (
     CheckpointError,
     CheckpointStore,
     read_trainer_state,
     write_trainer_state,
 )
+from rlsys.commands.train import _resume_point
 from rlsys.resolve import load_config
 
 

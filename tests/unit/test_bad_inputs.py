@@ -25,7 +25,7 @@ def no_ray(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the command reached connect_ray: the error came too late")
 
-    monkeypatch.setattr("rlsys.app.connect_ray", refuse)
+    monkeypatch.setattr("rlsys.launch.local.connect_ray", refuse)
 
 
 def _train(capsys, tmp_path, *overrides: str) -> str:

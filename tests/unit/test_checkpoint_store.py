@@ -226,7 +226,7 @@ def _run_with_checkpoints(tmp_path, steps: tuple[int, ...]) -> CheckpointStore:
 def test_resume_falls_back_past_an_unreadable_trainer_state(tmp_path):
     """The newest checkpoint is complete (sizes match its manifest) but its controller state
     does not parse: resume starts from the previous one."""
-    from rlsys.app import _resume_point
+    from rlsys.commands.train import _resume_point
     from rlsys.resolve import load_config
 
     store = _run_with_checkpoints(tmp_path, (1, 2))

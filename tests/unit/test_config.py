@@ -7,7 +7,7 @@ import pytest
 from rlsys.config import ConfigError
 from rlsys.config.loader import conf_dir, to_yaml
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import MALLOC_ENV, Roles, check_fits, plan_placement, thread_env
+from rlsys.placement.resources import MALLOC_ENV, Roles, check_fits, plan_placement, thread_env
 from rlsys.resolve import load_config
 
 

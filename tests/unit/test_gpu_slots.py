@@ -9,16 +9,16 @@ import torch
 
 from rlsys.config import ConfigError
 from rlsys.config.loader import conf_dir
-from rlsys.gpu_slots import NoRoom, assign_groups
 from rlsys.models.lora import AdapterMerger, merge
-from rlsys.placement import (
+from rlsys.placement.check import Placed, predict, violations
+from rlsys.placement.gpu_slots import NoRoom, assign_groups
+from rlsys.placement.resources import (
     Roles,
     check_fits,
     plan_placement,
     pool_specs,
     slot_specs,
 )
-from rlsys.placement_check import Placed, predict, violations
 from rlsys.resolve import load_config
 
 GPU = ["learner.num_gpus_per_rank=1", "rollout.num_gpus_per_worker=1"]

@@ -405,9 +405,9 @@ def test_user_sizes_that_cannot_fit_name_the_keys(base):
 
 
 def test_tensor_parallel_engines_get_pods_with_all_their_gpus(base):
-    """An engine over k GPUs holds k whole GPUs on one node (rlsys.gpu_slots): its pods are
-    sized by the GPUs per engine, not by the share of one GPU it asks Ray for, and pods too
-    small for one engine are refused naming the sizes."""
+    """An engine over k GPUs holds k whole GPUs on one node (rlsys.placement.gpu_slots): its
+    pods are sized by the GPUs per engine, not by the share of one GPU it asks Ray for, and
+    pods too small for one engine are refused naming the sizes."""
     tp4 = {
         **GPU_DISAGGREGATED,
         "rollout.num_gpus_per_worker": 4.0,

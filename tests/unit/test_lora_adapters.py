@@ -124,7 +124,7 @@ def test_bad_lora_keys_are_refused_by_name(override, key):
 
 
 def test_a_lora_kl_run_starts_no_reference_group_unless_asked():
-    from rlsys.placement import Roles
+    from rlsys.placement.resources import Roles
 
     lora_kl = ["model.lora.rank=8", "algorithm.kl_coef=0.05"]
     assert not Roles.for_rl(load_config(lora_kl)).reference

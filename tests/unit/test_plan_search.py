@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rlsys.placement_check import predict, violations
+from rlsys.placement.check import predict, violations
 from rlsys.plan.command import main as plan_main
 from rlsys.plan.hardware import ASSUMED, GB, GPUS, MODELS, Cluster, parse_model
 from rlsys.plan.layout import MIXED_BF16, Precision, row_tokens

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from rlsys.pools import _start_at_once
+from rlsys.workers.pools import _start_at_once
 
 
 def test_pools_start_concurrently_and_return_by_name():

@@ -8,11 +8,12 @@ import logging
 
 import pytest
 
-from rlsys.app import evaluate, resolve_prompt_limit
+from rlsys.commands.evaluate import evaluate
 from rlsys.config.errors import ConfigError
 from rlsys.data.tasks import TaskSplits, load_task, screen
 from rlsys.models.loading import context_length, load_tokenizer
 from rlsys.resolve import load_config
+from rlsys.resolve.inputs import resolve_prompt_limit
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import Prompt
 

@@ -10,7 +10,7 @@ import pytest
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardConfig
-from rlsys.placement import ActorResources
+from rlsys.placement.resources import ActorResources
 from rlsys.rewards.scorer import Component, RewardScorer, merge
 from rlsys.rewards.scoring import score_many
 from rlsys.rewards.user import load_user_reward

@@ -15,9 +15,10 @@ import sys
 
 import pytest
 
-from rlsys import app
 from rlsys.cli import main
+from rlsys.commands.sft import sft
 from rlsys.config.loader import to_yaml
+from rlsys.launch import local
 from rlsys.resolve import load_config
 from rlsys.run.doctor_checks import TRAIN_OVERRIDES
 
@@ -80,7 +81,7 @@ def test_a_second_run_on_a_held_directory_exits_2_before_ray_starts(
     if checkpointed:
         _fake_checkpoint(run)
     holder = hold(run)
-    monkeypatch.setattr(app, "connect_ray", _no_ray)
+    monkeypatch.setattr(local, "connect_ray", _no_ray)
     overrides = [f"run.output_dir={tmp_path}", "run.name=r"]
     if command == "train":
         overrides.append("resume=auto")
@@ -99,7 +100,7 @@ def test_a_fresh_run_over_a_live_one_names_the_holder_and_changes_nothing(
     holder = hold(run)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     before = sorted((p.name, p.read_bytes()) for p in run.iterdir())
-    monkeypatch.setattr(app, "connect_ray", _no_ray)
+    monkeypatch.setattr(local, "connect_ray", _no_ray)
     assert main(["train", *TRAIN_OVERRIDES, f"run.output_dir={tmp_path}", "run.name=r"]) == 2
     err = capsys.readouterr().err
     assert f"pid {holder.pid}" in err and "wait for that run" in err.lower(), err
@@ -121,10 +122,10 @@ def test_a_crashed_runs_lock_is_free_so_it_resumes(tmp_path, hold):
 
 def test_the_lock_is_released_when_the_command_returns(tmp_path, monkeypatch):
     """In one process (tests, notebooks) a command that ended leaves the directory free."""
-    monkeypatch.setattr(app, "connect_ray", _no_ray)
+    monkeypatch.setattr(local, "connect_ray", _no_ray)
     cfg = load_config([*TRAIN_OVERRIDES, f"run.output_dir={tmp_path}", "run.name=r"])
     with pytest.raises(RayStarted):
-        app.sft(cfg)
+        sft(cfg)
     probe = subprocess.run(
         [sys.executable, "-c", HOLD.replace("time.sleep(60)", ""), str(tmp_path / "r" / ".lock")],
         capture_output=True,

@@ -201,7 +201,7 @@ def test_resume_point_skips_an_invalid_controller_state(tmp_path, caplog, damage
     """``rlsys train resume=auto`` picks its checkpoints (and the run_info it starts from)
     before Ray: an invalid newest one is skipped there, with the same warning (the same
     check: a few of the cases above)."""
-    from rlsys.app import _resume_point
+    from rlsys.commands.train import _resume_point
 
     edit, reason = INVALID[damage]
     _run_with_checkpoints(tmp_path)
@@ -230,7 +230,7 @@ def test_the_states_a_run_saves_are_valid(tmp_path):
 def test_resuming_past_total_steps_names_the_key_to_raise(tmp_path):
     """A checkpoint past the configured end is not damaged: when none is left to fall back
     to, the error says to raise trainer.total_steps."""
-    from rlsys.app import _resume_point
+    from rlsys.commands.train import _resume_point
 
     _run_with_checkpoints(tmp_path)
     cfg = load_config(

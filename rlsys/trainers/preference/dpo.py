@@ -18,10 +18,10 @@ import numpy as np
 from rlsys.algorithms.objectives import DPOObjective
 from rlsys.config.preference import DPOConfig
 from rlsys.data.preferences import PairBatch, pair_margins, pairwise_accuracy, train_on_pairs
-from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import Prompt
+from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
 

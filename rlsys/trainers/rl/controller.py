@@ -54,12 +54,11 @@ from rlsys.config.schema import TrainConfig
 from rlsys.data.collate import samples_to_batch
 from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
-from rlsys.faults import nonfinite_streak
 from rlsys.models.loading import end_token_ids
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
-from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector, check_group_by
+from rlsys.trainers.rl.faults import nonfinite_streak
 from rlsys.trainers.rl.group_structure import group_structure
 from rlsys.trainers.rl.handover import MemoryHandover
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
@@ -74,6 +73,7 @@ from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
 from rlsys.trainers.rl.step_metrics import batch_metrics, perf_metrics, train_metrics
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
+from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from rlsys.engines.base import WAKE_ALL
 
 if TYPE_CHECKING:
-    from rlsys.pools import Pools
+    from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ import ray
 from rlsys.config.elastic import RESIZABLE_GROUPS
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import Roles, check_fits, connected_node_gpus
-from rlsys.pools import Pools
+from rlsys.placement.resources import Roles, check_fits, connected_node_gpus
 from rlsys.resolve import resized
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.state import RunState
+from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
 

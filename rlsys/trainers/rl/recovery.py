@@ -20,13 +20,13 @@ import numpy as np
 from rlsys.algorithms.recipe import Recipe
 from rlsys.checkpoint.store import CheckpointError, CheckpointStore, step_of, write_trainer_state
 from rlsys.config.schema import TrainConfig
-from rlsys.faults import Restarts, dead_actors, is_actor_failure
-from rlsys.pools import Pools
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
+from rlsys.trainers.rl.faults import Restarts, dead_actors, is_actor_failure
 from rlsys.trainers.rl.saved_state import read_run_state
 from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
+from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ import numpy as np
 
 from rlsys.buffer.streaming import has_reward_variance
 from rlsys.config.schema import TrainConfig
-from rlsys.pools import Pools
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.trainers.rl.sample_metrics import (
     episode_metrics,
@@ -16,6 +15,7 @@ from rlsys.trainers.rl.sample_metrics import (
 )
 from rlsys.trainers.rl.state import RunState
 from rlsys.types import RolloutGroup
+from rlsys.workers.pools import Pools
 
 
 def rollout_metrics(

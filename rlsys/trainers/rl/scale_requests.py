@@ -37,7 +37,7 @@ from rlsys.run.lock import LOCK_FILE, last_holder, live_holder
 
 if TYPE_CHECKING:
     from rlsys.config.schema import TrainConfig
-    from rlsys.pools import Pools
+    from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def check_sizes(
                     "written when the run joins Ray); ask for fewer"
                 )
         return
-    from rlsys.placement import Roles, check_fits
+    from rlsys.placement.resources import Roles, check_fits
 
     try:
         check_fits(

@@ -21,9 +21,9 @@ from collections.abc import Callable
 import ray
 
 from rlsys.config.elastic import ElasticConfig
-from rlsys.pools import Pools
 from rlsys.trainers.rl.autoscale import Autoscaler
 from rlsys.trainers.rl.state import RunState
+from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
 

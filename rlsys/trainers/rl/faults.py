@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import ray
 
-from rlsys.pools import Pools
+from rlsys.workers.pools import Pools
 
 PROBE_TIMEOUT_S = 10.0  # a rank that does not answer this fast (stuck in a collective) is dead
 

@@ -19,8 +19,9 @@ off the bundles themselves (a tiny probe task in each, once per group) and hande
 which sets ``CUDA_VISIBLE_DEVICES`` to them before CUDA starts (``bind_visible_devices``), as its
 tensor-parallel worker processes inherit it.
 
-``SlotPoolSpec`` and the layout are plain data (``rlsys.placement`` builds them and checks they
-fit); ``SlotPool`` creates the placement groups, lazily, the first time an actor needs one.
+``SlotPoolSpec`` and the layout are plain data (``rlsys.placement.resources`` builds them and
+checks they fit); ``SlotPool`` creates the placement groups, lazily, the first time an actor
+needs one.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from rlsys.config.schema import TrainConfig
-from rlsys.placement import Placement, Roles, plan_placement
+from rlsys.placement.resources import Placement, Roles, plan_placement
 from rlsys.rewards.service import RewardService
 from rlsys.types import Completion, SamplingParams
 from rlsys.weight_sync import TRANSPORTS

@@ -23,8 +23,8 @@ from pathlib import Path
 import ray
 
 from rlsys.config.schema import TrainConfig
-from rlsys.gpu_slots import assign_groups
-from rlsys.placement import (
+from rlsys.placement.gpu_slots import assign_groups
+from rlsys.placement.resources import (
     Placement,
     Roles,
     connected_node_gpus,
@@ -34,7 +34,7 @@ from rlsys.placement import (
     unique_specs,
 )
 
-# pools that time-share GPUs when colocated (rlsys.placement.TIME_SHARED), in rank order
+# pools that time-share GPUs when colocated (rlsys.placement.resources.TIME_SHARED), in rank order
 SHARING = ("learner", "reference", "critic")
 
 
@@ -43,12 +43,12 @@ class _Stand:
     """A stand-in for a pool's actor: binds the devices the real one would, reports them."""
 
     def __init__(self, visible: str | None) -> None:
-        from rlsys.gpu_slots import bind_visible_devices
+        from rlsys.placement.gpu_slots import bind_visible_devices
 
         bind_visible_devices(visible)
 
     def report(self) -> dict:
-        from rlsys.gpu_slots import device_report
+        from rlsys.placement.gpu_slots import device_report
 
         return device_report("cuda")
 
@@ -124,7 +124,7 @@ def place(
 
 def predict(cfg: TrainConfig, node_gpus: list[float], roles: Roles | None = None) -> list[Placed]:
     """Where the actors would land on nodes of ``node_gpus`` GPUs, without Ray: the slot
-    layout itself (``rlsys.placement.slot_specs``), its groups packed onto the nodes as
+    layout itself (``rlsys.placement.resources.slot_specs``), its groups packed onto the nodes as
     ``check_fits`` packs them (Ray may choose other nodes; the layout's properties hold on
     any). Nodes are named ``node0``...; GPU ids count from 0 on each. Raises
     ``gpu_slots.NoRoom`` where the groups do not fit."""
@@ -224,7 +224,7 @@ def check_cases(
     pools at their largest elastic sizes) and check the layout. A config the checks refuse,
     or whose actors Ray cannot place within ``timeout_s``, is reported with the error."""
     from rlsys.config.errors import ConfigError
-    from rlsys.placement import check_fits
+    from rlsys.placement.resources import check_fits
     from rlsys.resolve import load_config
 
     resources = ray.cluster_resources()
@@ -255,13 +255,13 @@ def check_cases(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rlsys.placement_check [--address ADDR] [--cases FILE] [key=value ...]``:
+    """``python -m rlsys.placement.check [--address ADDR] [--cases FILE] [key=value ...]``:
     place a config's actors (or each case of a JSON file of override lists) on a Ray
     cluster with stand-ins and print where each landed and what a GPU could not run."""
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m rlsys.placement_check", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rlsys.placement.check", description=__doc__)
     parser.add_argument("--address", default="auto", help="the Ray cluster (default: auto)")
     parser.add_argument("--cases", help="a JSON file: a list of override lists")
     parser.add_argument("--json", action="store_true", help="print the records as JSON")

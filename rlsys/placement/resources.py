@@ -4,8 +4,8 @@ Colocated pools time-share the same CPUs/GPUs (engines idle while learners train
 actor asks Ray for its configured CPUs divided by the number of pools sharing; each pool on
 its own must still fit the cluster. Disaggregated pools ask for exactly what they are given,
 and all of them together must fit. GPU actors are bound to whole GPUs through placement groups
-(``rlsys.gpu_slots``: colocated learner rank i shares its GPU with exactly one engine shard).
-No resource number is written anywhere else.
+(``rlsys.placement.gpu_slots``: colocated learner rank i shares its GPU with exactly one
+engine shard). No resource number is written anywhere else.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from rlsys.algorithms.traits import uses_critic
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
-from rlsys.gpu_slots import GpuBinding, NoRoom, SlotPool, SlotPoolSpec, SlotUser, assign_groups
+from rlsys.placement.gpu_slots import (
+    GpuBinding,
+    NoRoom,
+    SlotPool,
+    SlotPoolSpec,
+    SlotUser,
+    assign_groups,
+)
 from rlsys.runtime import ABORT_ENV
 
 
