@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlsys.algorithms.settings import NoSettings, build_settings
+from rlsys.config.errors import ConfigError
 from rlsys.registry import Registry
 
 
@@ -48,9 +49,14 @@ def build_reward(name: str, cfg, key: str = "task.reward") -> RewardFn:
     if it takes any; raises ConfigError naming a bad setting."""
     REWARDS.check(name, key)
     item = REWARDS.get(name)
-    if hasattr(item, "from_config"):
-        return item.from_config(cfg)
     args = dict((cfg.args if cfg is not None else {}).get(name) or {})
+    if hasattr(item, "from_config"):
+        if args:
+            raise ConfigError(
+                f"reward.args.{name}: {name} reads its settings from its own reward.* section "
+                f"(docs/config.md), not reward.args; remove reward.args.{name}"
+            )
+        return item.from_config(cfg)
     cls = REWARDS.settings(name) or NoSettings
     if cls is NoSettings and not args:
         return item

@@ -111,6 +111,8 @@ def test_a_reward_receives_its_own_settings_from_reward_args(length_reward):
         RewardScorer.from_config("length", RewardConfig(args={"length": {"per_char": 0}}))
     with pytest.raises(ConfigError, match=r"reward.args.exact_match.x is not a setting of .*none"):
         RewardScorer.from_config("exact_match", RewardConfig(args={"exact_match": {"x": 1}}))
+    with pytest.raises(ConfigError, match=r"reward.args.code_tests: code_tests reads its settings"):
+        RewardScorer.from_config("code_tests", RewardConfig(args={"code_tests": {"wall_s": 1}}))
     with pytest.raises(ConfigError, match=r"reward.args.length: length is not a reward of this"):
         RewardScorer.from_config("exact_match", RewardConfig(args={"length": {"per_char": 1}}))
 
