@@ -4,8 +4,8 @@ Each kind (advantage estimators, policy losses, engines, training backends, ...)
 module-level ``Registry`` in the module where its implementations live, and an implementation
 joins it with one decorator line next to its definition::
 
-    @ADVANTAGES.register("gae", needs_critic=True)
-    def gae(x: AdvantageInputs) -> Advantages: ...
+    @ADVANTAGES.register("gae", settings=GaeSettings, needs_critic=True)
+    def gae(x: AdvantageInputs, s: GaeSettings) -> Advantages: ...
 
 The config holds names as plain strings; ``rlsys.resolve`` asks each registry whether a name
 is known (``check``), and the code that needs a property of an implementation asks for its

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 # An estimator maps the clamped (B, T-1) log r = ref - logp to the per-token KL estimate.
 # Trait: ``zero_mean_grad`` (its gradient has expectation zero: useless as a loss term).
+# No form has options of its own, so each registers without settings (``NoSettings``): the
+# clamp (algorithm.kl_clamp) bounds every form alike in ``kl_estimate``, and the coefficient
+# and where the term goes (kl_coef, kl_penalty) are the recipe's. A form that needed a knob
+# would register a settings class as the policy losses do (rlsys.algorithms.settings).
 KLEstimator = Callable[["torch.Tensor"], "torch.Tensor"]
 KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator", "algorithm.kl_estimator")
 

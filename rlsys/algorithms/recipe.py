@@ -11,7 +11,12 @@ import numpy as np
 import torch
 
 from rlsys.algorithms.advantages import whiten
-from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, Advantages
+from rlsys.algorithms.estimators import (
+    ADVANTAGES,
+    AdvantageInputs,
+    Advantages,
+    advantage_settings,
+)
 from rlsys.algorithms.kl import adaptive_kl_coef, kl_estimate
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.offpolicy import importance_weights
@@ -29,6 +34,7 @@ class Recipe:
         self.group_size = group_size
         self.max_new_tokens = max_new_tokens
         self.estimator = ADVANTAGES.get(cfg.advantage)
+        self.advantage_settings = advantage_settings(cfg)
         self.loss_settings = policy_loss_settings(cfg)
         self.kl_coef = cfg.kl_coef
         self.overlong_buffer = overlong_buffer_len(max_new_tokens, cfg.overlong_buffer_frac)
@@ -111,14 +117,10 @@ class Recipe:
                 kl_penalty=penalty,
                 values=batch.values,
                 baseline_rewards=baseline_rewards,
-                gamma=cfg.gamma,
-                lam=cfg.lam,
-                normalize_std=cfg.normalize_std,
-                pass_k=cfg.pass_k,
                 tree_segments=tree_segments,
                 turns=turns,
-                step_weight=cfg.gigpo_step_weight,
-            )
+            ),
+            self.advantage_settings,
         )
         if cfg.whiten_advantages:
             out.advantages = whiten(out.advantages, batch.loss_mask)

@@ -24,7 +24,8 @@ def compares_group(algo: AlgorithmConfig) -> bool:
 
 
 def uses_pass_k(algo: AlgorithmConfig) -> bool:
-    """Whether the estimator reads ``pass_k`` (which must then be below n_samples)."""
+    """Whether the estimator's settings have a pass@k ``k`` (which must be below
+    rollout.n_samples)."""
     return ADVANTAGES.trait(algo.advantage, "pass_k")
 
 

@@ -106,6 +106,10 @@ class AlgorithmConfig:
     # loss's settings class in rlsys/algorithms/policy_losses.py lists them), e.g.
     # {tau_pos: 0.5} for sapo; a loss added in a plugin takes all of its settings here.
     policy_loss_args: dict[str, Any] = field(default_factory=dict)
+    # The advantage estimator's own settings by name, over what the flat keys above give it
+    # (each estimator's settings class in rlsys/algorithms/estimators.py lists them), e.g.
+    # {lam: 0.9} for gae; an estimator added in a plugin takes all of its settings here.
+    advantage_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # The names (advantage, policy_loss, loss_agg, kl_estimator, off_policy) and what their

@@ -4,6 +4,7 @@ run, and the limits of sandboxed code execution. See docs/rewards.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
@@ -103,6 +104,10 @@ class RewardConfig:
     batch_size: int = 16  # samples per call to a reward worker
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    # A registered reward's own settings, by reward name then setting name, over what the flat
+    # keys above give it (each reward's settings class lists them), e.g. {format: {pattern:
+    # '.*[0-9]'}}; a reward added in a plugin takes all of its settings here.
+    args: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fn is not None and ":" not in self.fn:

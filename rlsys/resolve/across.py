@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlsys.algorithms.estimators import advantage_settings
 from rlsys.algorithms.traits import (
     compares_group,
     has_ratio,
@@ -94,12 +95,13 @@ def _check_algorithm_fit(cfg: TrainConfig) -> None:
             f"{cfg.algorithm.advantage} compares the samples of a prompt and needs at "
             "least 2; set rollout.n_samples=2 or more"
         )
-    if uses_pass_k(algo) and algo.pass_k >= cfg.rollout.n_samples:
+    k = advantage_settings(algo).k if uses_pass_k(algo) else 0
+    if k >= cfg.rollout.n_samples:
+        key = "algorithm.advantage_args.k" if "k" in algo.advantage_args else "algorithm.pass_k"
         raise ConfigError(
-            f"algorithm.pass_k={algo.pass_k} with rollout.n_samples="
-            f"{cfg.rollout.n_samples}: pass@k needs k < n_samples (at k = n_samples every "
-            "group's pass@k is certain and every advantage 0); lower algorithm.pass_k or "
-            "raise rollout.n_samples"
+            f"{key}={k} with rollout.n_samples={cfg.rollout.n_samples}: pass@k needs k < "
+            "n_samples (at k = n_samples every group's pass@k is certain and every advantage "
+            f"0); lower {key} or raise rollout.n_samples"
         )
 
 

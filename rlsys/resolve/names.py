@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlsys.algorithms.estimators import ADVANTAGES
+from rlsys.algorithms.estimators import ADVANTAGES, advantage_settings
 from rlsys.algorithms.kl import KL_ESTIMATORS
 from rlsys.algorithms.losses import LOSS_AGGREGATIONS
 from rlsys.algorithms.offpolicy import OFF_POLICY_CORRECTIONS
@@ -48,7 +48,8 @@ def check_algorithm_names(algo: AlgorithmConfig) -> None:
     LOSS_AGGREGATIONS.check(algo.loss_agg)
     KL_ESTIMATORS.check(algo.kl_estimator)
     OFF_POLICY_CORRECTIONS.check(algo.off_policy)
-    policy_loss_settings(algo)  # its own settings: unknown or bad ones named
+    advantage_settings(algo)  # the estimator's and the loss's own settings: bad ones named
+    policy_loss_settings(algo)
     if (
         algo.kl_coef > 0
         and algo.kl_penalty == "loss"

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 
+from rlsys.algorithms.settings import setting
 from rlsys.config.errors import ConfigError
 from rlsys.data.boxed import last_boxed
 from rlsys.rewards.registry import REWARDS, numbers_in, same_number
@@ -80,28 +82,29 @@ def math_verify_reward(prompt: str, completion: str, metadata: dict) -> dict:
     return {"reward": float(correct), "correct": correct}
 
 
-@REWARDS.register("format")
-class FormatReward:
+@dataclass(frozen=True)
+class FormatSettings:
+    """The pattern the whole completion must match (``re.fullmatch`` with DOTALL)."""
+
+    pattern: str = setting(r"(?s)\s*\S.*", "format_pattern")
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.pattern, re.DOTALL)
+        except re.error as exc:
+            raise ConfigError(
+                f"reward.format_pattern (or reward.args.format.pattern)={self.pattern!r} is not "
+                f"a valid regular expression ({exc}); fix it, e.g. "
+                "reward.format_pattern='.*\\\\boxed\\{.+\\}\\s*'"
+            ) from exc
+
+
+@REWARDS.register("format", settings=FormatSettings)
+def format_reward(prompt: str, completion: str, metadata: dict, s: FormatSettings) -> float:
     """1.0 when the whole completion matches ``reward.format_pattern`` (``re.fullmatch`` with
     DOTALL, so ``.`` spans lines and the pattern must account for the entire reply, e.g.
     ``.*\\\\boxed\\{.+\\}\\s*``: ends with a boxed answer); 0.0 otherwise."""
-
-    def __init__(self, pattern: str) -> None:
-        try:
-            self.regex = re.compile(pattern, re.DOTALL)
-        except re.error as exc:
-            raise ConfigError(
-                f"reward.format_pattern={pattern!r} is not a valid regular expression ({exc}); "
-                "fix it, e.g. reward.format_pattern='.*\\\\boxed\\{.+\\}\\s*'"
-            ) from exc
-
-    @classmethod
-    def from_config(cls, cfg) -> FormatReward:
-        """The format reward of ``cfg.format_pattern`` (a ``RewardConfig``)."""
-        return cls(cfg.format_pattern)
-
-    def __call__(self, prompt: str, completion: str, metadata: dict) -> float:
-        return float(self.regex.fullmatch(completion) is not None)
+    return float(re.fullmatch(s.pattern, completion, re.DOTALL) is not None)
 
 
 @REWARDS.register("gsm8k")

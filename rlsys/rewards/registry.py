@@ -1,17 +1,24 @@
 """The reward registry and the built-in rule-based verifiers.
 
-A registered reward is either a function ``(prompt, completion, metadata) -> float | dict``,
-or a class with a ``from_config(cfg: RewardConfig)`` classmethod that builds such a callable
-(rewards that need settings, like the sandboxed ``code_tests``). A reward that scores whole
-batches at once (a reward model) also has ``score_batch(prompts, completions, metadatas)``
-returning one float per item.
+A registered reward is a function ``(prompt, completion, metadata) -> float | dict``; one with
+options registers its settings dataclass (``REWARDS.register(name, settings=MySettings)``,
+``rlsys.algorithms.settings``) and takes it as a fourth argument, built once from
+``reward.args.<name>`` (and the flat ``reward.*`` keys its fields name). A class with a
+``from_config(cfg: RewardConfig)`` classmethod that builds such a callable serves a reward that
+reads a whole config section (the sandboxed ``code_tests``: ``reward.sandbox``). A reward that
+scores whole batches at once (a reward model) also has ``score_batch(prompts, completions,
+metadatas)`` returning one float per item.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from rlsys.algorithms.settings import NoSettings, build_settings
+from rlsys.config.errors import ConfigError
 from rlsys.registry import Registry
 
 
@@ -25,12 +32,36 @@ class RewardFn(Protocol):
 REWARDS: Registry[RewardFn | type] = Registry("reward function", "task.reward")
 
 
+@dataclass(frozen=True)
+class WithSettings:
+    """A reward registered with settings, bound to them: a ``RewardFn``."""
+
+    fn: Callable[..., float | dict]
+    settings: Any
+
+    def __call__(self, prompt: str, completion: str, metadata: dict) -> float | dict:
+        return self.fn(prompt, completion, metadata, self.settings)
+
+
 def build_reward(name: str, cfg, key: str = "task.reward") -> RewardFn:
     """The reward registered as ``name`` (the value of config key ``key``), built from ``cfg``
-    (a ``RewardConfig``) if it needs settings."""
+    (a ``RewardConfig``; its ``args.<name>`` and flat keys feed the reward's settings, once)
+    if it takes any; raises ConfigError naming a bad setting."""
     REWARDS.check(name, key)
     item = REWARDS.get(name)
-    return item.from_config(cfg) if hasattr(item, "from_config") else item
+    args = dict((cfg.args if cfg is not None else {}).get(name) or {})
+    if hasattr(item, "from_config"):
+        if args:
+            raise ConfigError(
+                f"reward.args.{name}: {name} reads its settings from its own reward.* section "
+                f"(docs/config.md), not reward.args; remove reward.args.{name}"
+            )
+        return item.from_config(cfg)
+    cls = REWARDS.settings(name) or NoSettings
+    if cls is NoSettings and not args:
+        return item
+    settings = build_settings(cls, cfg, args, f"reward.args.{name}", f"{key}={name}")
+    return WithSettings(item, settings)
 
 
 @REWARDS.register("exact_match")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardConfig
 from rlsys.rewards.registry import RewardFn, build_reward
 from rlsys.rewards.remote import RemoteReward
@@ -54,6 +55,13 @@ def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Componen
         components.append(
             Component(name, build_reward(name, cfg, f"reward.extra.{name}"), float(weight))
         )
+    built = {c.name for c in components}
+    for name in cfg.args:
+        if name not in built:
+            raise ConfigError(
+                f"reward.args.{name}: {name} is not a reward of this run (its rewards are "
+                f"{sorted(built)}); name one of them, or add {name} to reward.extra"
+            )
     return components
 
 

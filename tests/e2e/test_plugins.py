@@ -1,6 +1,7 @@
-"""A policy loss with its own settings, written outside rlsys, trained by config alone: the
-plugin file (its source is below) registers it, `plugins=[...]` imports it in every process
-of the run, and `algorithm.policy_loss_args` sets its setting (docs/extending.md)."""
+"""A policy loss and an advantage estimator, each with its own settings, written outside
+rlsys, trained by config alone: the plugin file (its source is below) registers them,
+`plugins=[...]` imports it in every process of the run, and `algorithm.policy_loss_args` /
+`algorithm.advantage_args` set their settings (docs/extending.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlsys.algorithms.estimators import ADVANTAGES
 from rlsys.algorithms.policy_losses import POLICY_LOSSES
 from rlsys.config.errors import ConfigError
 from rlsys.config.loader import to_yaml
@@ -19,10 +21,14 @@ from rlsys.run.doctor_checks import TRAIN_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = '''
-"""The unclipped importance-ratio policy gradient, scaled by a setting of its own."""
+"""The unclipped importance-ratio policy gradient, scaled by a setting of its own, and the
+best-versus-rest advantage, at a margin of its own."""
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, Advantages
 from rlsys.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs
 
 
@@ -39,6 +45,23 @@ class ScaledSettings:
 def scaled_pg(x: PolicyLossInputs, s: ScaledSettings):
     ratio = (x.logprobs - x.old_logprobs).clamp(-20, 20).exp()
     return -s.scale * x.advantages * ratio, {"scaled_pg_scale": ratio.detach() * 0 + s.scale}
+
+
+@dataclass(frozen=True)
+class MarginSettings:
+    margin: float = 1.0  # algorithm.advantage_args.margin
+
+    def __post_init__(self):
+        if not self.margin > 0:
+            raise ValueError(f"margin={self.margin} must be > 0")
+
+
+@ADVANTAGES.register("best_vs_rest", settings=MarginSettings, group=True)
+def best_vs_rest(x: AdvantageInputs, s: MarginSettings) -> Advantages:
+    rewards = np.asarray(x.rewards).reshape(-1, x.group_size)
+    best = rewards == rewards.max(-1, keepdims=True)
+    adv = s.margin * np.where(best, 1.0, -1.0).reshape(-1, 1) * (x.mask > 0)
+    return Advantages(adv.astype(np.float32))
 '''
 
 
@@ -50,12 +73,14 @@ def plugin_file(tmp_path):
     # this process imported it (load_config): leave the registry as other tests expect it
     if "scaled_pg" in POLICY_LOSSES:
         POLICY_LOSSES.unregister("scaled_pg")
+    if "best_vs_rest" in ADVANTAGES:
+        ADVANTAGES.unregister("best_vs_rest")
     plugins._loaded.pop(str(path), None)
 
 
-def test_a_loss_from_a_plugin_trains_by_config_alone(tmp_path, plugin_file):
-    """`rlsys train` with the plugin: the learner (a Ray actor, another process) trains with
-    the loss at the setting the config gave it."""
+def test_a_loss_and_an_estimator_from_a_plugin_train_by_config_alone(tmp_path, plugin_file):
+    """`rlsys train` with the plugin: the driver's estimator and the learner's loss (a Ray
+    actor, another process) run at the settings the config gave them."""
     result = subprocess.run(
         [
             sys.executable,
@@ -68,6 +93,8 @@ def test_a_loss_from_a_plugin_trains_by_config_alone(tmp_path, plugin_file):
             f"plugins=[{plugin_file}]",
             "algorithm.policy_loss=scaled_pg",
             "algorithm.policy_loss_args={scale: 0.5}",
+            "algorithm.advantage=best_vs_rest",
+            "algorithm.advantage_args={margin: 0.25}",
             f"run.output_dir={tmp_path}",
             "run.name=r",
         ],
@@ -79,6 +106,7 @@ def test_a_loss_from_a_plugin_trains_by_config_alone(tmp_path, plugin_file):
     assert result.returncode == 0, result.stderr[-3000:]
     step = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
     assert step["step"] == 1 and step["train/scaled_pg_scale"] == 0.5
+    assert step["train/advantage_abs"] == pytest.approx(0.25)  # +-margin on every token
 
 
 def test_plugin_settings_and_failures_name_the_key(tmp_path, plugin_file):
@@ -89,6 +117,12 @@ def test_plugin_settings_and_failures_name_the_key(tmp_path, plugin_file):
         load_config([*base, "algorithm.policy_loss_args={scal: 2.0}"])
     with pytest.raises(ConfigError, match="scale=-1.0 must be > 0"):
         load_config([*base, "algorithm.policy_loss_args={scale: -1.0}"])
+    estimator = [base[0], "algorithm.advantage=best_vs_rest"]
+    assert load_config(estimator).algorithm.advantage == "best_vs_rest"
+    with pytest.raises(ConfigError, match=r"advantage_args.marg is not a setting of .*best_vs"):
+        load_config([*estimator, "algorithm.advantage_args={marg: 2.0}"])
+    with pytest.raises(ConfigError, match=r"algorithm.advantage_args: margin=0.0 must be > 0"):
+        load_config([*estimator, "algorithm.advantage_args={margin: 0.0}"])
     with pytest.raises(ConfigError, match="is not a file"):
         load_config([f"plugins=[{tmp_path / 'missing.py'}]"])
     broken = tmp_path / "broken.py"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlsys.algorithms import advantages as A
-from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
+from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, DiscountSettings
 from rlsys.algorithms.kl import KL_ESTIMATORS, kl_estimate
 from rlsys.algorithms.losses import aggregate, loss_weights
 from rlsys.algorithms.recipe import Recipe
@@ -68,7 +68,9 @@ def test_gpg_keeps_the_token_mean_gradient_of_informative_groups():
 
 def test_gpg_estimator_broadcasts_over_trained_tokens():
     mask = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]], np.float32)
-    out = ADVANTAGES.get("gpg")(AdvantageInputs(np.array([1.0, 0.0, 1.0, 1.0]), mask, 2))
+    out = ADVANTAGES.get("gpg")(
+        AdvantageInputs(np.array([1.0, 0.0, 1.0, 1.0]), mask, 2), DiscountSettings()
+    )
     # group 0: +-0.5; group 1 tied; alpha = 4 / 2 = 2 -> +-1
     np.testing.assert_allclose(out.advantages, [[1, 1, 0], [-1, 0, 0], [0, 0, 0], [0, 0, 0]])
 
@@ -105,7 +107,7 @@ def test_opo_invariants():
 def test_opo_estimator_counts_trained_tokens_only():
     # row 0: 3 trained tokens around a masked tool token; row 1: 1 trained token
     mask = np.array([[1, 0, 1, 1], [1, 0, 0, 0]], np.float32)
-    out = ADVANTAGES.get("opo")(AdvantageInputs(np.array([1.0, 0.0]), mask, 2))
+    out = ADVANTAGES.get("opo")(AdvantageInputs(np.array([1.0, 0.0]), mask, 2), DiscountSettings())
     # b = (3*1 + 1*0) / 4 = 0.75 -> 0.25 and -0.75, on trained tokens only
     np.testing.assert_allclose(out.advantages, [[0.25, 0, 0.25, 0.25], [-0.75, 0, 0, 0]], rtol=1e-6)
 

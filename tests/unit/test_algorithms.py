@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlsys.algorithms import advantages as A
-from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
+from rlsys.algorithms.estimators import (
+    ADVANTAGES,
+    AdvantageInputs,
+    DiscountSettings,
+    GaeSettings,
+)
 from rlsys.algorithms.kl import adaptive_kl_coef, kl_estimate
 from rlsys.algorithms.losses import (
     LOSS_AGGREGATIONS,
@@ -179,7 +184,7 @@ def test_outcome_estimators_add_the_kl_penalty_reward_to_go():
     inputs = AdvantageInputs(
         rewards=np.array([1.0, 0.0]), mask=mask, group_size=2, kl_penalty=penalty
     )
-    adv = ADVANTAGES.get("dr_grpo")(inputs).advantages
+    adv = ADVANTAGES.get("dr_grpo")(inputs, DiscountSettings()).advantages
     # dr_grpo: +0.5 / -0.5, minus the penalty still to come from each token on
     np.testing.assert_allclose(adv[0], [0.5 - 0.6, 0.5 - 0.5, 0.5 - 0.3], rtol=1e-6)
     np.testing.assert_allclose(adv[1], [-0.5 - 0.9, -0.5 - 0.5, 0.0], rtol=1e-6)
@@ -188,21 +193,25 @@ def test_outcome_estimators_add_the_kl_penalty_reward_to_go():
 def test_gae_estimator_returns_value_targets_and_needs_values():
     mask = np.ones((2, 2))
     inputs = AdvantageInputs(
-        rewards=np.array([1.0, 0.0]), mask=mask, group_size=1, values=np.zeros((2, 2)), lam=1.0
+        rewards=np.array([1.0, 0.0]), mask=mask, group_size=1, values=np.zeros((2, 2))
     )
-    out = ADVANTAGES.get("gae")(inputs)
+    out = ADVANTAGES.get("gae")(inputs, GaeSettings(lam=1.0))
     np.testing.assert_allclose(out.advantages, [[1, 1], [0, 0]])
     np.testing.assert_allclose(out.returns, [[1, 1], [0, 0]])
     with pytest.raises(ValueError, match="values"):
-        ADVANTAGES.get("gae")(AdvantageInputs(np.array([1.0]), np.ones((1, 2)), 1))
+        ADVANTAGES.get("gae")(AdvantageInputs(np.array([1.0]), np.ones((1, 2)), 1), GaeSettings())
     with pytest.raises(ValueError, match="baseline"):
-        ADVANTAGES.get("remax")(AdvantageInputs(np.array([1.0]), np.ones((1, 2)), 1))
+        ADVANTAGES.get("remax")(
+            AdvantageInputs(np.array([1.0]), np.ones((1, 2)), 1), DiscountSettings()
+        )
 
 
 def test_reinforce_pp_baseline_subtracts_the_group_mean_first():
     mask = np.ones((4, 1))
     rewards = np.array([1.0, 1.0, 0.0, 1.0])  # group means 1 and 0.5
-    out = ADVANTAGES.get("reinforce_pp_baseline")(AdvantageInputs(rewards, mask, 2))
+    out = ADVANTAGES.get("reinforce_pp_baseline")(
+        AdvantageInputs(rewards, mask, 2), DiscountSettings()
+    )
     # centred: 0, 0, -0.5, 0.5 -> mean 0, std sqrt(0.125)
     np.testing.assert_allclose(out.advantages[:, 0], np.array([0, 0, -1, 1]) * math.sqrt(2))
 
@@ -371,7 +380,7 @@ def test_token_estimators_are_zero_off_the_mask_for_any_mask(rows, cols, seed):
     inputs = AdvantageInputs(rewards, mask, 1, kl_penalty=rng.random((rows, cols)), values=values)
     inputs.baseline_rewards = rng.random(rows)
     for name in ("remax", "reinforce_pp", "gae"):
-        out = ADVANTAGES.get(name)(inputs)
+        out = ADVANTAGES.get(name)(inputs, ADVANTAGES.settings(name)())
         assert out.advantages.shape == mask.shape
         assert np.all(out.advantages[mask == 0] == 0), name
         assert np.all(np.isfinite(out.advantages)), name

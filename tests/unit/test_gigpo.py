@@ -9,7 +9,12 @@ import pytest
 from test_envs import ScriptedEngine
 
 from rlsys.algorithms.advantages import gigpo_advantages, grpo_advantages
-from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
+from rlsys.algorithms.estimators import (
+    ADVANTAGES,
+    AdvantageInputs,
+    GigpoSettings,
+    GroupNormSettings,
+)
 from rlsys.algorithms.traits import uses_turns
 from rlsys.checkpoint.state_file import read_state, write_state
 from rlsys.config.env import EnvConfig
@@ -98,7 +103,7 @@ def test_a_singleton_group_gets_zero_everywhere_and_bad_shapes_are_refused():
 # ---- the estimator: advantages on each turn's tokens ---------------------------------------
 
 
-def _two_turn_inputs(step_weight: float) -> AdvantageInputs:
+def _two_turn_inputs() -> AdvantageInputs:
     """Two groups of two trajectories in a (4, 10) layout: turn 1 on columns 1-2, an
     observation on 3-4 (mask 0), turn 2 on 5-6; row 3 answered at once (one turn)."""
     mask = np.zeros((4, 10), np.float32)
@@ -112,15 +117,17 @@ def _two_turn_inputs(step_weight: float) -> AdvantageInputs:
         rewards=np.array([1.0, 0.0, 0.0, 1.0], np.float32),
         mask=mask,
         group_size=2,
-        normalize_std=False,
         turns=turns,
-        step_weight=step_weight,
     )
 
 
+def _settings(step_weight: float) -> GigpoSettings:
+    return GigpoSettings(normalize_std=False, step_weight=step_weight)
+
+
 def test_estimator_puts_each_turns_advantage_on_its_tokens_and_none_on_observations():
-    x = _two_turn_inputs(step_weight=1.0)
-    adv = ADVANTAGES.get("gigpo")(x).advantages
+    x = _two_turn_inputs()
+    adv = ADVANTAGES.get("gigpo")(x, _settings(step_weight=1.0)).advantages
     assert adv.shape == (4, 10) and adv.dtype == np.float32
     assert np.all(adv[x.mask == 0] == 0)  # observation tokens and padding
     # group 1: episode (0.5, -0.5); s: returns (1, 0) -> +-0.5; a: returns (1, 0) -> +-0.5
@@ -134,19 +141,20 @@ def test_estimator_puts_each_turns_advantage_on_its_tokens_and_none_on_observati
 
 
 def test_step_weight_zero_is_grpo_on_every_model_token():
-    x = _two_turn_inputs(step_weight=0.0)
-    gigpo = ADVANTAGES.get("gigpo")(x).advantages
-    grpo = ADVANTAGES.get("grpo")(x).advantages
+    x = _two_turn_inputs()
+    gigpo = ADVANTAGES.get("gigpo")(x, _settings(step_weight=0.0)).advantages
+    grpo = ADVANTAGES.get("grpo")(x, GroupNormSettings(normalize_std=False)).advantages
     np.testing.assert_array_equal(gigpo, grpo)
     assert np.count_nonzero(gigpo) == int(x.mask.sum())  # every model token has one
 
 
 def test_rows_without_turns_get_the_episode_advantage_and_the_kl_penalty_still_applies():
-    x = _two_turn_inputs(step_weight=1.0)
+    x = _two_turn_inputs()
     x.turns = None  # single-turn replies: one step each, the whole group's step is the episode
     x.kl_penalty = np.where(x.mask > 0, 0.1, 0.0)
-    adv = ADVANTAGES.get("gigpo")(x).advantages
-    without = ADVANTAGES.get("grpo")(x).advantages  # grpo adds the same penalty-to-go
+    adv = ADVANTAGES.get("gigpo")(x, _settings(step_weight=1.0)).advantages
+    # grpo adds the same penalty-to-go
+    without = ADVANTAGES.get("grpo")(x, GroupNormSettings(normalize_std=False)).advantages
     np.testing.assert_allclose(adv, without, atol=1e-6)
     assert adv[0, 6] == pytest.approx(0.5 - 0.1)  # the last token's own penalty
 
@@ -241,7 +249,7 @@ def test_batch_turns_land_on_the_trained_columns_of_the_batch(tok):
             covered[t.start : t.end] = 1
         np.testing.assert_array_equal(covered, batch.loss_mask[row])
     x = AdvantageInputs(batch.rewards, batch.loss_mask, 2, turns=turns)
-    adv = ADVANTAGES.get("gigpo")(x).advantages
+    adv = ADVANTAGES.get("gigpo")(x, GigpoSettings()).advantages
     assert np.all(adv[batch.loss_mask == 0] == 0) and np.all(adv[batch.loss_mask > 0] != 0)
     flat = Sample(prompt, [5], Completion([1, 2], [0.0, 0.0], "stop", 0), "", 0.0)
     assert batch_turns([RolloutGroup(prompt, [flat, flat])]) is None  # single-turn

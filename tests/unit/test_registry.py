@@ -11,6 +11,7 @@ import pytest
 
 from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, Advantages
 from rlsys.algorithms.recipe import Recipe
+from rlsys.algorithms.settings import NoSettings
 from rlsys.algorithms.traits import compares_group, uses_critic
 from rlsys.config.algorithm import AlgorithmConfig
 from rlsys.config.errors import ConfigError
@@ -99,7 +100,7 @@ def best_of_group():
     each prompt and 0 for the others."""
 
     @ADVANTAGES.register("best_of_group", group=True)
-    def best_of_group(x: AdvantageInputs) -> Advantages:
+    def best_of_group(x: AdvantageInputs, s: NoSettings) -> Advantages:
         rewards = np.asarray(x.rewards).reshape(-1, x.group_size)
         best = (rewards == rewards.max(-1, keepdims=True)).astype(np.float32).reshape(-1, 1)
         return Advantages(best * x.mask)

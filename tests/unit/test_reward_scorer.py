@@ -5,12 +5,14 @@ reward worker pool (real Ray actors) replacing a worker whose batch hangs."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pytest
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardConfig
 from rlsys.placement.resources import ActorResources
+from rlsys.rewards import REWARDS
 from rlsys.rewards.scorer import Component, RewardScorer, merge
 from rlsys.rewards.scoring import score_many
 from rlsys.rewards.user import load_user_reward
@@ -70,6 +72,49 @@ def test_components_are_weighted_and_the_verifier_decides_correct():
     assert good.components == {"exact_match": 1.0, "format": 1.0}
     assert bad.reward == 0.5 and not bad.correct and bad.error is None
     assert text.reward == 0.0 and text.components == {"exact_match": 0.0, "format": 0.0}
+
+
+@dataclass(frozen=True)
+class _LengthSettings:
+    per_char: float = 1.0
+
+    def __post_init__(self):
+        if self.per_char <= 0:
+            raise ValueError(f"per_char={self.per_char} must be > 0")
+
+
+@pytest.fixture
+def length_reward():
+    """A reward with a setting of its own, registered for one test."""
+
+    @REWARDS.register("length", settings=_LengthSettings)
+    def length(prompt, completion, metadata, s: _LengthSettings) -> float:
+        return s.per_char * len(completion)
+
+    yield "length"
+    REWARDS.unregister("length")
+
+
+def test_a_reward_receives_its_own_settings_from_reward_args(length_reward):
+    cfg = RewardConfig(extra={"length": 1.0}, args={"length": {"per_char": 0.5}})
+    [out] = RewardScorer.from_config("exact_match", cfg).score([("p", "abcd", {"answer": ""})])
+    assert out.components["length"] == 2.0
+    # the flat key still feeds a built-in reward's settings; reward.args overrides it
+    fmt = RewardConfig(
+        extra={"format": 1.0}, format_pattern=r"\d+", args={"format": {"pattern": "x"}}
+    )
+    [out] = RewardScorer.from_config("exact_match", fmt).score([("p", "x", {"answer": ""})])
+    assert out.components["format"] == 1.0
+    with pytest.raises(ConfigError, match=r"reward.args.length.per_chr is not a setting of "):
+        RewardScorer.from_config("length", RewardConfig(args={"length": {"per_chr": 1}}))
+    with pytest.raises(ConfigError, match=r"reward.args.length: per_char=0 must be > 0"):
+        RewardScorer.from_config("length", RewardConfig(args={"length": {"per_char": 0}}))
+    with pytest.raises(ConfigError, match=r"reward.args.exact_match.x is not a setting of .*none"):
+        RewardScorer.from_config("exact_match", RewardConfig(args={"exact_match": {"x": 1}}))
+    with pytest.raises(ConfigError, match=r"reward.args.code_tests: code_tests reads its settings"):
+        RewardScorer.from_config("code_tests", RewardConfig(args={"code_tests": {"wall_s": 1}}))
+    with pytest.raises(ConfigError, match=r"reward.args.length: length is not a reward of this"):
+        RewardScorer.from_config("exact_match", RewardConfig(args={"length": {"per_char": 1}}))
 
 
 def test_user_reward_file_loads_with_its_helpers_sync_and_async(user_file):

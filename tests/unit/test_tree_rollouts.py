@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rlsys.algorithms.advantages import grpo_advantages, treepo_advantages, treerl_advantages
-from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs
+from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, GroupNormSettings
 from rlsys.algorithms.traits import uses_tree
 from rlsys.config.errors import ConfigError
 from rlsys.config.tree import TreeConfig
@@ -18,6 +18,7 @@ from rlsys.trainers.rl.sample_metrics import tree_metrics
 from rlsys.types import Completion, Prompt, RolloutGroup, Sample, SamplingParams
 
 EOS = 2
+CENTRED = GroupNormSettings(normalize_std=False)  # the estimators' settings: r - mean
 
 
 class ScriptedEngine:
@@ -186,7 +187,7 @@ def test_treepo_estimator_handles_each_group_and_broadcasts_over_tokens():
     mask = np.ones((8, 3), np.float32)
     mask[0, 2] = 0
     out = ADVANTAGES.get("treepo")(
-        AdvantageInputs(rewards, mask, 4, normalize_std=False, tree_segments=segments)
+        AdvantageInputs(rewards, mask, 4, tree_segments=segments), CENTRED
     ).advantages
     np.testing.assert_allclose(out[:4, 0], [0.375, -0.625, 0.125, 0.125])
     # group 2: root centred [-.25, -.25, .75, -.25]; node 1 ties; node 2 [.5, -.5]
@@ -240,7 +241,7 @@ def test_treerl_estimator_puts_each_segment_on_its_own_tokens():
     mask[:, 2:5] = 1  # the reply starts after two prompt columns
     mask[1, 4] = 0
     out = ADVANTAGES.get("treerl")(
-        AdvantageInputs(rewards, mask, 4, normalize_std=False, tree_segments=segments)
+        AdvantageInputs(rewards, mask, 4, tree_segments=segments), CENTRED
     ).advantages
     c = 0.5 / (2 * 2**0.5)
     np.testing.assert_allclose(out[0], [0, 0, -c, 0.375, 0.375], atol=1e-6)
@@ -252,9 +253,9 @@ def test_treerl_estimator_puts_each_segment_on_its_own_tokens():
             np.concatenate([rewards, [0.0, 1.0, 1.0, 0.0]]).astype(np.float32),
             np.concatenate([mask, mask]),
             4,
-            normalize_std=False,
             tree_segments=segments + [((7, 1), (9, 2)), ((7, 1), (10, 2)), ((8, 3),), ()],
-        )
+        ),
+        CENTRED,
     ).advantages
     np.testing.assert_allclose(both[:4], out, atol=1e-6)
     # root .5; node 7 (rows 4, 5) .5: its segment 0, leaves (2 r - .5 - .5) / 2
