@@ -3,6 +3,7 @@ run, and the limits of sandboxed code execution. See docs/rewards.md."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,67 @@ class RewardModelConfig:
         )
 
 
+JUDGE_RUBRIC = (
+    "You grade an answer to a task.\nTask: {prompt}\nReference answer: {answer}\n"
+    "Answer to grade: {completion}\nIs the answer correct and complete? Reply with one line, "
+    "SCORE: <an integer from 0 (wrong) to 10 (fully right)>."
+)
+
+
+@dataclass
+class JudgeConfig:
+    """``reward.judge``: an LLM judge scores each completion through an OpenAI-compatible chat
+    endpoint (vLLM's server, a hosted API); its score, the verdict's number over ``max_score``
+    in [0, 1], is added to the total with ``weight`` (rlsys/rewards/judge.py)."""
+
+    url: str | None = None  # the API's base URL, e.g. http://127.0.0.1:8000/v1 (None: no judge)
+    model: str = "judge"  # the model name the endpoint serves
+    api_key_env: str | None = "OPENAI_API_KEY"  # sent as a Bearer token where it is set
+    weight: float = 1.0  # weight of the judge's score in the total reward
+    # The user message; {prompt}, {completion} and {answer} (the row's answer, "" if none)
+    # are filled in.
+    rubric: str = JUDGE_RUBRIC
+    verdict_pattern: str = r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)"  # group 1: the number
+    max_score: float = 10.0  # the verdict's number is divided by this and clipped to [0, 1]
+    max_tokens: int = 32  # of the judge's reply
+    temperature: float = 0.0  # of the judge's sampling (0: greedy, the same grade each time)
+    concurrency: int = 8  # requests in flight at once
+    timeout_s: float = 30.0  # per batch of `concurrency` requests, retries included
+    retries: int = 2  # after a connection error, timeout, 429 or 5xx
+    cache: bool = True  # an identical (prompt, completion, answer) is judged once per process
+    # More fields of the request body, e.g. vLLM's
+    # {structured_outputs: {regex: "SCORE: [0-9]|SCORE: 10"}} to force a parsable verdict.
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"reward.judge.url={self.url!r} is not an http:// or https:// URL; give the "
+                "OpenAI-compatible API's base, e.g. reward.judge.url=http://127.0.0.1:8000/v1"
+            )
+        for key in ("max_score", "max_tokens", "concurrency", "timeout_s"):
+            positive(f"reward.judge.{key}", getattr(self, key))
+        non_negative("reward.judge.retries", self.retries)
+        non_negative("reward.judge.temperature", self.temperature)
+        for name in ("prompt", "completion"):
+            if "{" + name + "}" not in self.rubric:
+                raise ConfigError(
+                    f"reward.judge.rubric has no {{{name}}}; the judge would not see the "
+                    f"{name}: put {{{name}}} where it goes"
+                )
+        try:
+            groups = re.compile(self.verdict_pattern).groups
+        except re.error as exc:
+            raise ConfigError(
+                f"reward.judge.verdict_pattern={self.verdict_pattern!r} is not a regex ({exc})"
+            ) from None
+        if groups < 1:
+            raise ConfigError(
+                f"reward.judge.verdict_pattern={self.verdict_pattern!r} has no group; capture "
+                "the verdict's number in group 1, e.g. score:\\s*(\\d+)"
+            )
+
+
 @dataclass
 class RewardConfig:
     """``reward``: the total reward of a completion is ``reward.weight`` x the task's verifier
@@ -104,6 +166,7 @@ class RewardConfig:
     batch_size: int = 16  # samples per call to a reward worker
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     # A registered reward's own settings, by reward name then setting name, over what the flat
     # keys above give it (each reward's settings class lists them), e.g. {format: {pattern:
     # '.*[0-9]'}}; a reward added in a plugin takes all of its settings here.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardConfig
+from rlsys.rewards.judge import JudgeReward
 from rlsys.rewards.registry import RewardFn, build_reward
 from rlsys.rewards.remote import RemoteReward
 from rlsys.rewards.scoring import (
@@ -62,6 +63,8 @@ def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Componen
                 f"reward.args.{name}: {name} is not a reward of this run (its rewards are "
                 f"{sorted(built)}); name one of them, or add {name} to reward.extra"
             )
+    if cfg.judge.url:
+        components.append(Component("judge", JudgeReward(cfg.judge), cfg.judge.weight))
     return components
 
 
@@ -118,11 +121,12 @@ class RewardScorer:
             lambda *args: component.fn.score_batch(*args), (prompts, completions, metadatas)
         )
         call.start()
-        call.join(self.timeout_s)
+        timeout_s = getattr(component.fn, "timeout_s", self.timeout_s)  # a judge's own
+        call.join(timeout_s)
         if call.is_alive():
             call.abandon()
         if call.is_alive():
-            why = f"timeout after {self.timeout_s}s"
+            why = f"timeout after {timeout_s}s"
         elif call.exc is not None:
             why = f"{type(call.exc).__name__}: {short_text(call.exc, str, 1000)}"
         else:

@@ -87,6 +87,8 @@ def outcome_of(result) -> RewardOutcome:
     """A reward function's return value as an outcome: a finite number (an int too big for a
     float is not one), or a dict with such a ``reward`` and optionally a boolean or numeric
     ``correct``; anything else scores 0 with an error (never raises)."""
+    if isinstance(result, RewardOutcome):  # a batch scorer that judged this item itself
+        return result
     try:
         reward = _finite(result["reward"] if isinstance(result, dict) else result)
         if isinstance(result, dict) and result.get("correct") is not None:
