@@ -139,15 +139,20 @@ def _mount_point(path: str, is_dir: bool) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
 
 
-def _build_jail(spec: dict) -> None:
+def _build_jail(spec: dict, sized: bool) -> None:
     """In the new mount namespace: a root holding only the paths the interpreter needs
     (read-only), the program's directory (a tmpfs of ``disk_mb``), /dev's harmless nodes and a
-    fresh /proc; then pivot into it, leaving the host's tree unreachable."""
+    fresh /proc; then pivot into it, leaving the host's tree unreachable. Unless the watcher
+    can size mapped files (``sized``), the jail's /dev/zero is the host's /dev/full: it reads
+    as zeros too, but cannot be mapped (a shared mapping of /dev/zero is shared memory)."""
     jail = spec["jail"]
     with open(os.path.join(spec["workdir"], "prog.py"), "rb") as f:
         program = f.read()
     sources = _bind_sources(jail)
-    devices = [(f"/dev/{n}", os.open(f"/dev/{n}", os.O_PATH), False) for n in _DEVICES]
+    sources_of = {} if sized else {"zero": "full"}
+    devices = [
+        (f"/dev/{n}", os.open(f"/dev/{sources_of.get(n, n)}", os.O_PATH), False) for n in _DEVICES
+    ]
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates to the host
     root = JAIL_ROOT  # the jail's root is a tmpfs mounted over this host directory
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
@@ -211,10 +216,11 @@ def _set_limits(limits: dict) -> None:
         resource.setrlimit(rlimit, value)
 
 
-def _exec_program(spec: dict, handshake: tuple[int, int] | None = None) -> None:
+def _exec_program(spec: dict, handshake: tuple[int, int] | None = None, sized: bool = True) -> None:
     """The program's process: limits, identity, keyrings, no_new_privs, the seccomp filter,
     then execve. Isolated, it first enters a user namespace of its own (``handshake``: the
-    pipe ends to ask init for its id maps and to wait for them)."""
+    pipe ends to ask init for its id maps and to wait for them); ``sized``: whether the
+    watcher can size mapped files (else the filter refuses shared memory it could not)."""
     os.chdir(spec["cwd"])
     _set_limits(spec["limits"])
     uid = spec["uid"]
@@ -226,7 +232,7 @@ def _exec_program(spec: dict, handshake: tuple[int, int] | None = None) -> None:
         os.setuid(uid)
     _fresh_keyrings(run_uid=uid is not None)
     _libc_call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no setuid binaries
-    sandbox_seccomp.deny_syscalls(_syscall_table(required=spec["isolate"]))
+    sandbox_seccomp.deny_syscalls(_syscall_table(required=spec["isolate"]), sized=sized)
     os.set_inheritable(spec["status_fd"], False)  # closes on exec: no message means success
     os.execve(spec["argv"][0], spec["argv"], spec["env"])
 
@@ -371,7 +377,8 @@ def _init(spec: dict) -> None:
     # PID 1 gets only the signals it handles: with none handled, the program (the same uid
     # in a user namespace) cannot interrupt init to hide a verdict
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _build_jail(spec)
+    sized = sandbox_watch.sizes_mapped_files()
+    _build_jail(spec, sized)
     (ready_r, ready_w), (go_r, go_w) = os.pipe(), os.pipe()  # close on exec
     pid = os.fork()
     if pid == 0:
@@ -380,13 +387,13 @@ def _init(spec: dict) -> None:
         # dumpable again until execve: else /proc (hidepid) hides this process from init in
         # non-root mode, where init has no capability over the host's namespace
         _libc_call("prctl", _PR_SET_DUMPABLE, 1, 0, 0, 0)
-        _guarded(spec["status_fd"], _exec_program, spec, (ready_w, go_r))
+        _guarded(spec["status_fd"], _exec_program, spec, (ready_w, go_r), sized)
     os.close(ready_w)
     os.close(go_r)
     _guarded(spec["status_fd"], _map_program_ids, spec, pid, ready_r, go_w)
     os.close(ready_r)
     os.close(go_w)
-    status, exceeded = sandbox_watch.watch(pid, spec["limits"], WORK_MOUNT)
+    status, exceeded = sandbox_watch.watch(pid, spec["limits"], WORK_MOUNT, sized)
     if exceeded:
         os.write(spec["status_fd"], f"killed {exceeded}\n".encode())
     os.write(spec["status_fd"], f"status {status}\n".encode())

@@ -60,6 +60,10 @@ _GENERIC_SYSCALLS = {
     "swapoff": 225,
     "acct": 89,
     "syslog": 116,
+    "mmap": 222,
+    "memfd_create": 279,
+    "memfd_secret": 447,
+    "shmget": 194,
 }
 SYSCALLS = {
     "x86_64": (
@@ -110,6 +114,10 @@ SYSCALLS = {
             "syslog": 103,
             "iopl": 172,
             "ioperm": 173,
+            "mmap": 9,
+            "memfd_create": 319,
+            "memfd_secret": 447,
+            "shmget": 29,
         },
     ),
     "aarch64": (0xC00000B7, _GENERIC_SYSCALLS),
@@ -117,6 +125,12 @@ SYSCALLS = {
 }
 # The seccomp filter's deny-list (the program's, installed last before execve):
 _ENOSYS_CALLS = ("add_key", "request_key", "keyctl", "clone3")  # clone3: glibc falls back
+_ENOSYS_CALLS += ("memfd_secret",)  # its memory is on no device the watcher counts
+# Without map_files (non-root mode) the watcher cannot size a shared memory file that only a
+# mapping holds: the ways to make one fail as on kernels without them (memfds, SysV segments),
+# and a shared anonymous mapping with EPERM
+_UNSIZED_ENOSYS_CALLS = ("memfd_create", "shmget")
+_MAP_SHARED_ANONYMOUS = 0x21  # mmap flags: MAP_SHARED (or MAP_SHARED_VALIDATE) | MAP_ANONYMOUS
 _EPERM_CALLS = (  # kernel interfaces a program has no use for, and the jail's own tools
     *("io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open"),
     *("userfaultfd", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount"),
@@ -154,7 +168,9 @@ def libc_call(name: str, *args) -> None:
         raise OSError(err, f"{name}{args!r}: {os.strerror(err)}")
 
 
-def _filter_program(arch: int, numbers: dict[str, int]) -> list[tuple[int, int, int, int]]:
+def _filter_program(
+    arch: int, numbers: dict[str, int], sized: bool
+) -> list[tuple[int, int, int, int]]:
     """The classic BPF program of ``deny_syscalls``: (code, jump if true, jump if false, k)."""
     low = 4 if sys.byteorder == "big" else 0  # the low 32 bits of a 64-bit argument
 
@@ -171,7 +187,10 @@ def _filter_program(arch: int, numbers: dict[str, int]) -> list[tuple[int, int, 
         code.append((_BPF_JGE_K, "enosys", 0, _X32_SYSCALL_BIT))
     branches = {"socket": "socket", "clone": "clone", "unshare": "unshare"}
     branches.update({"mknod": "mknod", "mknodat": "mknodat"})
-    for names, label in ((_ENOSYS_CALLS, "enosys"), (_EPERM_CALLS, "eperm")):
+    enosys = _ENOSYS_CALLS if sized else _ENOSYS_CALLS + _UNSIZED_ENOSYS_CALLS
+    if not sized:
+        branches["mmap"] = "mmap"
+    for names, label in ((enosys, "enosys"), (_EPERM_CALLS, "eperm")):
         code += [(_BPF_JEQ_K, label, 0, numbers[n]) for n in names if n in numbers]
     code += [(_BPF_JEQ_K, label, 0, numbers[n]) for n, label in branches.items() if n in numbers]
     code.append((_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW))
@@ -190,6 +209,14 @@ def _filter_program(arch: int, numbers: dict[str, int]) -> list[tuple[int, int, 
     )
     block("clone", arg(0), (_BPF_JSET_K, "eperm", 0, _CLONE_NEW_ANY), allow)  # clone(flags, ...)
     block("unshare", arg(0), (_BPF_JSET_K, "eperm", 0, _CLONE_NEW_ANY | _CLONE_NEWTIME), allow)
+    if not sized:  # mmap(addr, length, prot, flags, fd, offset)
+        block(
+            "mmap",
+            arg(3),
+            (_BPF_AND_K, 0, 0, _MAP_SHARED_ANONYMOUS),
+            (_BPF_JEQ_K, "eperm", 0, _MAP_SHARED_ANONYMOUS),
+            allow,
+        )
     for label, mode in (("mknod", 1), ("mknodat", 2)):  # (path, mode, dev), (dirfd, path, ...)
         block(
             label,
@@ -213,26 +240,30 @@ def _filter_program(arch: int, numbers: dict[str, int]) -> list[tuple[int, int, 
     return program
 
 
-def deny_syscalls(table: tuple[int, dict[str, int]] | None) -> None:
+def deny_syscalls(table: tuple[int, dict[str, int]] | None, sized: bool) -> None:
     """The program's seccomp filter (after no_new_privs, right before execve, so that it holds
     for the program and all it starts, and never for init). It fails with
 
     * ENOSYS: add_key, request_key and keyctl (the trainer's keyrings), clone3 (its flags are
-      out of a filter's reach; glibc then falls back to clone), and every system call of
-      another ABI (i386, x32) that could reach the rest by other numbers;
+      out of a filter's reach; glibc then falls back to clone), memfd_secret, and every system
+      call of another ABI (i386, x32) that could reach the rest by other numbers;
     * EPERM: io_uring, bpf, perf_event_open, userfaultfd, the mount family (mount, umount2,
       pivot_root, chroot, the new mount API), setns, ptrace and process_vm_readv/writev and
       pidfd_getfd, open_by_handle_at, the kernel's administration (modules, kexec, reboot,
       swap, acct, syslog, x86 I/O ports), clone and unshare with any new namespace flag, and
       mknod of a character or block device (a FIFO is fine);
-    * EAFNOSUPPORT: socket() of AF_NETLINK and AF_VSOCK.
+    * EAFNOSUPPORT: socket() of AF_NETLINK and AF_VSOCK;
+    * unless ``sized`` (the watcher can size mapped files through /proc/PID/map_files: root
+      mode), also ENOSYS for memfd_create and shmget and EPERM for mmap with MAP_SHARED and
+      MAP_ANONYMOUS together: the files that outlive their descriptor in memory the watcher
+      would count only as far as they are mapped and resident.
 
     ``table``: this machine's (``sandbox_launcher._syscall_table``). Isolated runs need one (a
     machine without a table in ``SYSCALLS`` refuses them); without one (unsafe mode) the program
     runs unfiltered."""
     if table is None:
         return
-    program = _filter_program(*table)
+    program = _filter_program(*table, sized=sized)
 
     class SockFilter(ctypes.Structure):
         _fields_ = (

@@ -24,14 +24,14 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 _PID_MAX = 1 << 22  # pids wrap below this (the kernel's largest pid_max)
 
 
-def watch(pid: int, limits: dict, work: str) -> tuple[int, str | None]:
+def watch(pid: int, limits: dict, work: str, sized: bool) -> tuple[int, str | None]:
     """Wait for the program (``pid``), reaping every orphan; every ``_POLL_S`` add up the
     sandbox's memory and CPU time over all its processes (``work``: the program's directory,
-    a tmpfs) and kill them all once a total passes ``memory_mb`` or ``cpu_s``. Returns (wait
-    status, the limit passed)."""
+    a tmpfs; ``sized``: ``sizes_mapped_files()``) and kill them all once a total passes
+    ``memory_mb`` or ``cpu_s``. Returns (wait status, the limit passed)."""
     memory_limit = limits["memory_mb"] * 1024 * 1024
     clock = _CpuClock()
-    files = _Files(work)
+    files = _Files(work, sized)
     pidfd = os.pidfd_open(pid)
     for poll in itertools.count():
         select.select([pidfd], [], [], _POLL_S)
@@ -160,17 +160,32 @@ def _last_pid() -> int:
         return 0
 
 
+def sizes_mapped_files() -> bool:
+    """Whether this process can size the files other processes map, through
+    /proc/PID/map_files (it needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE in the host's user
+    namespace: root mode, not non-root mode)."""
+    with open("/proc/self/maps") as f:
+        first = f.readline().split()[0]
+    try:
+        os.stat(f"/proc/self/map_files/{first}")
+    except OSError:
+        return False
+    return True
+
+
 class _Files:
     """Memory the sandbox holds in files, each file once by its allocated blocks: shared memory
     files (memfds, shared anonymous mappings) its processes keep open or mapped, SysV segments
     of its IPC namespace, and the files of its work directory (``work``, a tmpfs).
 
-    ``sized``: the files a process only maps can be sized through /proc/PID/map_files (it
-    needs CAP_SYS_ADMIN in the host's user namespace: root mode). Without it (non-root mode)
-    the mapped part is counted from the processes' shared resident memory instead, and a
-    file held only by a mapping counts only as far as it is mapped and resident."""
+    ``sized``: the files a process only maps can be sized through /proc/PID/map_files
+    (``sizes_mapped_files``: root mode). Without it (non-root mode) the mapped part is counted
+    from the processes' shared resident memory instead, and a file held only by a mapping
+    would count only as far as it is mapped and resident: there the program's seccomp filter
+    refuses the ways to make one (``sandbox_seccomp.deny_syscalls``) and the jail's /dev/zero
+    is /dev/full, which cannot be mapped."""
 
-    def __init__(self, work: str) -> None:
+    def __init__(self, work: str, sized: bool) -> None:
         self.work = work
         self.held = 0  # bytes when last counted
         try:
@@ -181,11 +196,7 @@ class _Files:
             self.device = os.fstat(fd).st_dev
             os.close(fd)
             self.maps_device = b"%02x:%02x" % (os.major(self.device), os.minor(self.device))
-        try:
-            os.stat(f"/proc/self/map_files/{_first_mapping()}")
-            self.sized = True
-        except OSError:
-            self.sized = False
+        self.sized = sized
 
     def beside(self, shmem: int) -> int:
         """Held in files, given ``shmem`` resident bytes of shared memory mapped now: a cheap
@@ -241,11 +252,6 @@ class _Files:
                 except OSError:
                     continue  # unmapped meanwhile
                 files[key] = st.st_blocks * 512
-
-
-def _first_mapping() -> str:
-    with open("/proc/self/maps") as f:
-        return f.readline().split()[0]
 
 
 def _sysv_bytes(attached: bool) -> int:

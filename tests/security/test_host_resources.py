@@ -24,9 +24,6 @@ pytestmark = [
 ]
 
 ROOT = os.geteuid() == 0
-# Non-root mode: the watcher cannot open /proc/PID/map_files (that needs CAP_SYS_ADMIN or
-# CAP_CHECKPOINT_RESTORE of the host), so memory a file holds beyond what is mapped is not seen
-MAP_FILES = pytest.mark.skipif(not ROOT, reason="non-root mode cannot size mapped files")
 _LIBC = """
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
@@ -35,7 +32,17 @@ libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_i
                       ctypes.c_int, ctypes.c_long]
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+libc.shmat.restype = ctypes.c_void_p
 KEEP_SIZE, RW, SHARED, ANONYMOUS = 1, 3, 1, 0x20
+
+def mapped(area):
+    assert area not in (None, ctypes.c_void_p(-1).value), "refused: " + os.strerror(ctypes.get_errno())
+    return area
+
+def segment(size):
+    shmid = libc.shmget(0, size, 0o1600)
+    assert shmid >= 0, "refused: " + os.strerror(ctypes.get_errno())
+    return shmid
 """
 
 # ---- item 1: memory held in files ---------------------------------------------------
@@ -49,21 +56,28 @@ for i in range(128):
     fd = os.memfd_create("x")
     os.ftruncate(fd, 4096)
     assert libc.fallocate(fd, KEEP_SIZE, 0, 8 * 2**20 - 4096) == 0, ctypes.get_errno()
-    page = libc.mmap(None, 4096, RW, SHARED, fd, 0)
+    page = mapped(libc.mmap(None, 4096, RW, SHARED, fd, 0))
     ctypes.memset(page, 1, 1)
     os.close(fd)
 """
 )
-# shared anonymous memory touched, then all of it unmapped but one page: the rest stays
-_SHARED_UNMAPPED = (
-    _LIBC
-    + """
+# shared memory touched, then all of it unmapped but one page: the rest stays. Made by a
+# shared anonymous mapping, a shared mapping of /dev/zero, or a SysV segment
+_SHARED_UNMAPPED = """
 for i in range(16):
-    area = libc.mmap(None, 64 * 2**20, RW, SHARED | ANONYMOUS, -1, 0)
+    area = mapped({make})
     ctypes.memset(area, 1, 64 * 2**20)
     libc.munmap(area + 4096, 64 * 2**20 - 4096)
 """
+_SHARED_ANONYMOUS = _LIBC + _SHARED_UNMAPPED.format(
+    make="libc.mmap(None, 64 * 2**20, RW, SHARED | ANONYMOUS, -1, 0)"
 )
+_DEV_ZERO = (
+    _LIBC
+    + "zero = os.open('/dev/zero', os.O_RDWR)\n"
+    + _SHARED_UNMAPPED.format(make="libc.mmap(None, 64 * 2**20, RW, SHARED, zero, 0)")
+)
+_SYSV = _LIBC + _SHARED_UNMAPPED.format(make="libc.shmat(segment(64 * 2**20), None, 0)")
 # files in its own directory (a tmpfs: memory) besides a heap
 _WORK_FILES = """
 for i in range(20):
@@ -73,23 +87,53 @@ heap = bytearray(150 * 2**20)
 """
 
 
+# Non-root mode: the watcher cannot open /proc/PID/map_files (that needs CAP_SYS_ADMIN or
+# CAP_CHECKPOINT_RESTORE of the host) to size a file that only a mapping holds, so the program
+# may not make one: each hog below is refused there, with this error
+_REFUSED = {
+    "memfds-mapped": "OSError: [Errno 38] Function not implemented",  # memfd_create
+    "shared-anonymous": "refused: Operation not permitted",  # mmap MAP_SHARED|MAP_ANONYMOUS
+    "dev-zero": "refused: No such device",  # the jail's /dev/zero is /dev/full
+    "sysv": "refused: Function not implemented",  # shmget
+}
+
+
 @pytest.mark.parametrize(
     "hog",
     [
-        pytest.param(_MEMFDS_MAPPED, id="memfds-mapped", marks=MAP_FILES),
-        pytest.param(_SHARED_UNMAPPED, id="shared-unmapped", marks=MAP_FILES),
+        pytest.param(_MEMFDS_MAPPED, id="memfds-mapped"),
+        pytest.param(_SHARED_ANONYMOUS, id="shared-anonymous"),
+        pytest.param(_DEV_ZERO, id="dev-zero"),
+        pytest.param(_SYSV, id="sysv"),
         pytest.param(_WORK_FILES, id="work-files"),
     ],
 )
-def test_memory_held_in_files_counts_toward_the_limit(hog):
-    """1 GiB in memfds that only a one-page mapping holds, 1 GiB of shared memory mostly
-    unmapped, 160 MiB of files in the work directory + a 150 MiB heap: each passes 256 MiB
-    and the sandbox is killed for memory, not at the wall clock."""
+def test_memory_held_in_files_counts_toward_the_limit(hog, request):
+    """1 GiB in memfds that only a one-page mapping holds; 1 GiB of shared memory (anonymous,
+    /dev/zero, SysV) mostly unmapped; 160 MiB of files in the work directory + a 150 MiB heap:
+    each passes 256 MiB and the sandbox is killed for memory, not at the wall clock. In
+    non-root mode, where mapped files cannot be sized, the first four are refused instead."""
     cfg = SandboxConfig(wall_s=10.0, cpu_s=10.0, memory_mb=256, disk_mb=200, file_size_mb=8)
     program = hog + "print('held all', flush=True)\nimport time\ntime.sleep(60)\n"
     result = run_sandboxed(program, "", cfg)
-    assert result.killed_reason == "memory", result
     assert "held all" not in result.stdout, result
+    refused = None if ROOT else _REFUSED.get(request.node.callspec.id)
+    if refused:
+        assert result.returncode == 1 and refused in result.stderr, result
+    else:
+        assert result.killed_reason == "memory", result
+
+
+def test_secret_memory_is_refused():
+    """memfd_secret (447 on x86_64 and the generic table) makes memory on no device the
+    watcher counts: it fails as on a kernel without it, in both modes."""
+    program = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.syscall(447, 0), os.strerror(ctypes.get_errno()))\n"
+    )
+    result = run_sandboxed(program, "", SandboxConfig(wall_s=10.0))
+    assert result.ok and result.stdout.strip() == "-1 Function not implemented", result
 
 
 # ---- item 2: stdout and stderr hold no host disk --------------------------------------
