@@ -95,7 +95,7 @@ def test_ctrl_c_at_start_up_exits_130_without_a_crash(tmp_path, marker, after_s)
 _CTRL_C_IN_RAY_INIT = """
 import os, runpy, signal, sys
 import ray
-import rlsys.app
+import rlsys.commands.train
 
 real = ray._raylet.CoreWorker
 
@@ -110,7 +110,7 @@ def train(cfg):
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     raise AssertionError("ray.init was not interrupted")
 
-rlsys.app.train = train
+rlsys.commands.train.train = train
 sys.argv = ["rlsys", *sys.argv[1:]]
 runpy.run_module("rlsys.cli", run_name="__main__", alter_sys=True)
 """
