@@ -34,6 +34,9 @@ class Prompt:
     images: list = field(default_factory=list)
     # the images processed, set when the prompt is encoded for a vision-language model
     pixels: PromptPixels | None = None
+    # the prompt as chat messages ({"role", "content"}), where the dataset gave it so (verl's
+    # layout): rendered with the tokenizer's chat template; ``text`` is the last user turn
+    messages: list[dict] | None = None
 
 
 @dataclass

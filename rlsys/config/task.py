@@ -34,10 +34,14 @@ class TaskConfig:
     train_size: int = 9500  # distinct training problems
     eval_size: int = 500  # held-out problems (file tasks: held out of train_path if no eval_path)
     # File datasets (task.name=file).
-    train_path: str | None = None  # .jsonl or .parquet
+    train_path: str | None = None  # .jsonl, .json (lines or one array), .parquet or .csv
     eval_path: str | None = None  # null: hold out eval_size rows of train_path
-    prompt_key: str = "prompt"  # column holding the prompt text
-    answer_key: str = "answer"  # column holding the ground truth
+    # Column holding the prompt: text, or chat messages [{role, content}] (verl's layout, rendered
+    # with the model's chat template). Dotted paths reach nested columns: extra_info.question.
+    prompt_key: str = "prompt"
+    # Column holding the ground truth (dotted paths too); left at "answer", a row without that
+    # column uses verl's reward_model.ground_truth.
+    answer_key: str = "answer"
     # column holding an image (a path, encoded bytes or a data:image/...;base64 URL, or a
     # list of them), shown before the prompt text; null: text only. Needs a VL model.
     image_key: str | None = None

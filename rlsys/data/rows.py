@@ -1,4 +1,5 @@
-"""Dataset rows from a .jsonl or .parquet file: what file tasks and preference pairs read.
+"""Dataset rows from a .jsonl, .json (lines or one array), .parquet or .csv file: what file
+tasks and preference pairs read.
 
 A row is a plain dict (JSON values only, so it can ride in checkpoints); a malformed jsonl
 line becomes ``{}`` for the caller to count, and a path that cannot be read is a
@@ -26,7 +27,7 @@ def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
     p = Path(path).expanduser()
     if not p.is_file():
         what = "is a directory" if p.is_dir() else "does not exist"
-        raise ConfigError(f"{key}={path!r} {what}; pass a .jsonl or .parquet file")
+        raise ConfigError(f"{key}={path!r} {what}; pass a .jsonl, .json, .parquet or .csv file")
     if p.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -35,13 +36,57 @@ def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
             rows = [_plain(row) for row in pq.read_table(p).to_pylist()]
         except (OSError, pa.ArrowException) as exc:
             raise ConfigError(f"{key}={path!r} is not a readable parquet file: {exc}") from exc
+    elif p.suffix == ".json" and _starts_with(p, b"["):
+        rows = _json_array_rows(p, key)
     elif p.suffix in (".jsonl", ".json"):
         rows = _jsonl_rows(p, key)
+    elif p.suffix == ".csv":
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        try:
+            rows = [_plain(row) for row in pcsv.read_csv(p).to_pylist()]
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"{key}={path!r} is not a readable CSV file: {exc}") from exc
     else:
-        raise ConfigError(f"{key}={path!r}: use a .jsonl or .parquet file")
+        raise ConfigError(
+            f"{key}={path!r}: use a .jsonl, .json (lines or one array), .parquet or .csv file"
+        )
     if not rows:
         raise ConfigError(f"{key}={path!r} holds no rows; pass a file with one row per prompt")
     return rows
+
+
+# A .json file holding one array is parsed whole; past this size, it is refused (as JSON lines
+# it would stream)
+MAX_JSON_ARRAY_BYTES = 2 << 30
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether the file's first non-blank bytes are ``prefix`` (a JSON array's ``[``)."""
+    with path.open("rb") as fh:
+        head = fh.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf")
+    return head.startswith(prefix)
+
+
+def _json_array_rows(path: Path, key: str) -> list[dict]:
+    """The objects of a JSON array file; an element that is not an object becomes ``{}``
+    (counted as malformed by the caller)."""
+    size = path.stat().st_size
+    if size > MAX_JSON_ARRAY_BYTES:
+        raise ConfigError(
+            f"{key}={str(path)!r} is one JSON array of {size / 2**30:.1f} GiB; write it as JSON "
+            "lines (one object per line, .jsonl), which is read as it streams"
+        )
+    try:
+        with path.open("rb") as fh:
+            values = json.load(fh)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{key}={str(path)!r} is not a readable JSON array: {exc}") from exc
+    bad = sum(not isinstance(v, dict) for v in values)
+    if bad:
+        log.warning("%s=%s: skipped %d array elements that are not JSON objects", key, path, bad)
+    return [v if isinstance(v, dict) else {} for v in values]
 
 
 def _plain(value):

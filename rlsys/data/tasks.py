@@ -23,6 +23,7 @@ import numpy as np
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TaskConfig
+from rlsys.data.columns import answer_of, prompt_of
 from rlsys.data.rows import read_rows
 from rlsys.registry import Registry
 from rlsys.types import Prompt
@@ -247,8 +248,8 @@ def _no_usable_rows(key: str, path: str, rows: list[dict], needed: list[str]) ->
 def _rows_to_prompts(rows: list[dict], cfg: TaskConfig, uid0: int) -> tuple[list[Prompt], int]:
     prompts, skipped = [], 0
     for row in rows:
-        text, answer = row.get(cfg.prompt_key), row.get(cfg.answer_key)
-        if not isinstance(text, str) or answer is None or isinstance(answer, (dict, list)):
+        (text, messages), answer = prompt_of(row, cfg.prompt_key), answer_of(row, cfg.answer_key)
+        if text is None or answer is None or isinstance(answer, (dict, list)):
             skipped += 1
             continue
         meta = {
@@ -260,7 +261,14 @@ def _rows_to_prompts(rows: list[dict], cfg: TaskConfig, uid0: int) -> tuple[list
             continue
         images = [] if images is None else list(images) if isinstance(images, list) else [images]
         prompts.append(
-            Prompt(uid=uid0 + len(prompts), text=text, answer=str(answer), meta=meta, images=images)
+            Prompt(
+                uid=uid0 + len(prompts),
+                text=text,
+                answer=str(answer),
+                meta=meta,
+                images=images,
+                messages=messages,
+            )
         )
     return prompts, skipped
 

@@ -71,11 +71,33 @@ class PromptFormat:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
 
-    def render(self, text: str, tokenizer) -> str:
-        """The full prompt string; with a chat template it ends with the assistant's header."""
+    def render(self, text: str, tokenizer, messages: list[dict] | None = None) -> str:
+        """The full prompt string; with a chat template it ends with the assistant's header.
+        A prompt the dataset gave as chat ``messages`` is always rendered with the template
+        (the instruction appended to its last user turn, the system prompt added if it has
+        none)."""
+        if messages is not None:
+            return self._render_messages(messages, tokenizer)
         if not self.chat_template:
             return f"{text}\n\n{self.instruction}" if self.instruction else text
         messages = self.messages(text)
+        if self.tool_format is not None:
+            return self.tool_format.render(tokenizer, messages, list(self.tools), True)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def _render_messages(self, messages: list[dict], tokenizer) -> str:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                "the dataset gives its prompts as chat messages (verl's layout) but the "
+                "tokenizer of model.path has no chat template; use an instruct/chat model"
+            )
+        messages = [dict(m) for m in messages]
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if self.instruction and users:
+            last = messages[users[-1]]
+            last["content"] = f"{last['content']}\n\n{self.instruction}"
+        if self.system_prompt is not None and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
         if self.tool_format is not None:
             return self.tool_format.render(tokenizer, messages, list(self.tools), True)
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -209,7 +231,7 @@ class RolloutCollector:
         if prompt.images:  # processed now: the pixels travel with the prompt from here on
             prompt = self._with_pixels(prompt)
             text = self.images.text(text, prompt.pixels)
-        text = self.prompt_format.render(text, self.tokenizer)
+        text = self.prompt_format.render(text, self.tokenizer, prompt.messages)
         return prompt, self.tokenizer.encode(text, add_special_tokens=False)
 
     def _with_pixels(self, prompt: Prompt) -> Prompt:

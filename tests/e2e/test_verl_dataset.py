@@ -1,0 +1,46 @@
+"""A verl-format parquet file trains as it is (issue 49): ``rlsys train task.name=file
+task.train_path=<verl parquet>``, no conversion step, 2 steps through real actors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_two_steps_on_a_verl_parquet_file(tmp_path):
+    rows = [
+        {
+            "data_source": "arithmetic",
+            "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": "train", "index": 10 * a + b},
+        }
+        for a in range(10)
+        for b in range(10)
+    ]
+    path = tmp_path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlsys.cli", "train", "task.name=file"]
+        + [f"task.train_path={path}", "task.eval_size=16", "eval.num_prompts=16"]
+        + ["task.max_new_tokens=8"]
+        + ["warm_start.enabled=false", "trainer.total_steps=2", "trainer.eval_every=0"]
+        + ["data.batch_size=8", "rollout.n_samples=4", "algorithm.filter_uniform_groups=false"]
+        + ["learner.world_size=1", f"run.output_dir={tmp_path}", "run.name=r"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] == 2
