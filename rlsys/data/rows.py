@@ -1,5 +1,6 @@
-"""Dataset rows from a .jsonl, .json (lines or one array), .parquet or .csv file: what file
-tasks and preference pairs read.
+"""Dataset rows from a .jsonl, .json (lines or one array), .parquet, .csv or .arrow file, or a
+Hugging Face ``datasets`` directory (``save_to_disk``): what file tasks and preference pairs
+read.
 
 A row is a plain dict (JSON values only, so it can ride in checkpoints); a malformed jsonl
 line becomes ``{}`` for the caller to count, and a path that cannot be read is a
@@ -25,10 +26,17 @@ def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
     count as malformed; the reasons are logged with their first line numbers. A path that is
     missing, not a file, of another format or without a single row is a ConfigError."""
     p = Path(path).expanduser()
-    if not p.is_file():
+    if p.is_dir() and any((p / name).is_file() for name in DATASETS_MARKERS):
+        rows = _datasets_rows(p, key)
+    elif not p.is_file():
         what = "is a directory" if p.is_dir() else "does not exist"
-        raise ConfigError(f"{key}={path!r} {what}; pass a .jsonl, .json, .parquet or .csv file")
-    if p.suffix == ".parquet":
+        raise ConfigError(
+            f"{key}={path!r} {what}; pass a .jsonl, .json, .parquet, .csv or .arrow file or a "
+            "Hugging Face datasets directory (Dataset.save_to_disk)"
+        )
+    elif p.suffix == ".arrow":
+        rows = _datasets_rows(p, key)
+    elif p.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -50,11 +58,44 @@ def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
             raise ConfigError(f"{key}={path!r} is not a readable CSV file: {exc}") from exc
     else:
         raise ConfigError(
-            f"{key}={path!r}: use a .jsonl, .json (lines or one array), .parquet or .csv file"
+            f"{key}={path!r}: use a .jsonl, .json (lines or one array), .parquet, .csv or "
+            ".arrow file, or a Hugging Face datasets directory"
         )
     if not rows:
         raise ConfigError(f"{key}={path!r} holds no rows; pass a file with one row per prompt")
     return rows
+
+
+# files that make a directory one written by the `datasets` library's save_to_disk
+DATASETS_MARKERS = ("state.json", "dataset_dict.json")
+
+
+def _datasets_rows(path: Path, key: str) -> list[dict]:
+    """The rows of a ``save_to_disk`` directory or an .arrow file, read by the ``datasets``
+    library (a DatasetDict gives its ``train`` split; point the key at another split's
+    folder for that one)."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ConfigError(
+            f"{key}={str(path)!r} needs the `datasets` library: pip install datasets"
+        ) from exc
+    try:
+        if path.is_file():
+            data = datasets.Dataset.from_file(str(path))
+        else:
+            data = datasets.load_from_disk(str(path))
+    except Exception as exc:  # noqa: BLE001 - any failure to read is the file's
+        raise ConfigError(f"{key}={str(path)!r} is not a readable dataset: {exc}") from exc
+    if isinstance(data, datasets.DatasetDict):
+        if "train" not in data:
+            raise ConfigError(
+                f"{key}={str(path)!r} holds the splits {sorted(data)} and no 'train'; point "
+                f"{key} at one of them, e.g. {str(path / sorted(data)[0])!r}"
+            )
+        log.info("%s=%s: the 'train' split of %s", key, path, sorted(data))
+        data = data["train"]
+    return [_plain(row) for row in data.to_list()]
 
 
 # A .json file holding one array is parsed whole; past this size, it is refused (as JSON lines

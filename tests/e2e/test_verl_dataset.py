@@ -1,5 +1,6 @@
-"""A verl-format parquet file trains as it is (issue 49): ``rlsys train task.name=file
-task.train_path=<verl parquet>``, no conversion step, 2 steps through real actors."""
+"""Datasets as users have them train as they are (issue 49): a verl-format parquet file and a
+Hugging Face ``datasets`` directory, each ``rlsys train task.name=file task.train_path=<it>``
+with no conversion step, 2 steps through real actors."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(600)
-def test_two_steps_on_a_verl_parquet_file(tmp_path):
-    rows = [
+def verl_rows() -> list[dict]:
+    return [
         {
             "data_source": "arithmetic",
             "prompt": [{"role": "user", "content": f"{a}+{b}="}],
@@ -27,8 +27,9 @@ def test_two_steps_on_a_verl_parquet_file(tmp_path):
         for a in range(10)
         for b in range(10)
     ]
-    path = tmp_path / "train.parquet"
-    pd.DataFrame(rows).to_parquet(path)
+
+
+def _train_two_steps(tmp_path, path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rlsys.cli", "train", "task.name=file"]
         + [f"task.train_path={path}", "task.eval_size=16", "eval.num_prompts=16"]
@@ -44,3 +45,23 @@ def test_two_steps_on_a_verl_parquet_file(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["steps"] == 2
+
+
+@pytest.mark.timeout(600)
+def test_two_steps_on_a_verl_parquet_file(tmp_path):
+    path = tmp_path / "train.parquet"
+    pd.DataFrame(verl_rows()).to_parquet(path)
+    _train_two_steps(tmp_path, path)
+
+
+@pytest.mark.timeout(600)
+def test_two_steps_on_a_datasets_directory(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [
+        {"prompt": r["prompt"][0]["content"], "answer": r["reward_model"]["ground_truth"]}
+        for r in verl_rows()
+    ]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(
+        str(tmp_path / "data")
+    )
+    _train_two_steps(tmp_path, tmp_path / "data")

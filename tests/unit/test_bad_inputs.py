@@ -67,13 +67,13 @@ def test_dataset_files_that_cannot_be_used(capsys, tmp_path):
     junk = tmp_path / "junk.jsonl"
     junk.write_bytes(b"[1, 2]\n42\n\xff\xfe\nnot json\n")
     assert "none of its 4 rows" in _train(capsys, tmp_path, *_file_task(junk))
-    assert "is a directory; pass a .jsonl, .json, .parquet or .csv" in _train(
+    assert "is a directory; pass a .jsonl, .json, .parquet, .csv or .arrow file" in _train(
         capsys, tmp_path, *_file_task(tmp_path)
     )
     text = tmp_path / "rows.txt"  # (CSV is read since issue 49: another unknown format)
     text.write_text("prompt,answer\n")
     err = _train(capsys, tmp_path, *_file_task(text))
-    assert "use a .jsonl, .json (lines or one array), .parquet or .csv file" in err
+    assert "use a .jsonl, .json (lines or one array), .parquet, .csv or .arrow file" in err
 
 
 def test_bad_lines_are_skipped_and_counted_with_their_line_numbers(tmp_path, caplog):

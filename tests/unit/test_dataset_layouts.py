@@ -91,3 +91,25 @@ def test_a_file_without_the_named_columns_names_them(tmp_path):
     pd.DataFrame([{"question": "1+1=", "solution": "2"}] * 10).to_parquet(path)
     with pytest.raises(ConfigError, match=r"columns are \['question', 'solution'\]"):
         file_task(TaskConfig(name="file", train_path=str(path)), seed=0)
+
+
+def test_datasets_directories_and_arrow_files(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(20)]
+    data = datasets.Dataset.from_list(rows)
+    data.save_to_disk(str(tmp_path / "ds"))
+    splits = file_task(TaskConfig(name="file", train_path=str(tmp_path / "ds"), eval_size=4), 0)
+    assert len(splits.train) + len(splits.eval) == 20
+    both = datasets.DatasetDict({"train": data, "test": data.select(range(5))})
+    both.save_to_disk(str(tmp_path / "dd"))
+    cfg = TaskConfig(
+        name="file", train_path=str(tmp_path / "dd"), eval_path=str(tmp_path / "dd" / "test")
+    )
+    splits = file_task(cfg, 0)
+    assert (len(splits.train), len(splits.eval)) == (20, 5)
+    (arrow,) = (tmp_path / "ds").glob("*.arrow")
+    splits = file_task(TaskConfig(name="file", train_path=str(arrow), eval_size=4), 0)
+    assert len(splits.train) == 16
+    datasets.DatasetDict({"test": data}).save_to_disk(str(tmp_path / "only_test"))
+    with pytest.raises(ConfigError, match=r"splits \['test'\] and no 'train'"):
+        file_task(TaskConfig(name="file", train_path=str(tmp_path / "only_test")), 0)
