@@ -64,7 +64,7 @@ def run_mode(mode: str, args, cfg, pool, tokenizer, prompts, prompt_ids, worker)
     """The warm-up round and ``args.rounds`` timed rounds of ``mode``; its record."""
     import ray
 
-    from rlsys.envs.latency import Latency
+    from rlsys.envs.latency import Latency, LatencySettings
     from rlsys.envs.rollout import EpisodeRunner
     from rlsys.types import SamplingParams
 
@@ -80,12 +80,14 @@ def run_mode(mode: str, args, cfg, pool, tokenizer, prompts, prompt_ids, worker)
     cached = 0
     for round_ in range(args.rounds + 1):
         factory = Latency(
-            latency_s=args.latency,
-            jitter_s=args.jitter,
-            turns=args.turns,
-            seed=round_,
-            tail_p=args.tail_p,
-            tail_s=args.tail_s,
+            settings=LatencySettings(
+                latency_s=args.latency,
+                jitter_s=args.jitter,
+                turns=args.turns,
+                seed=round_,
+                tail_p=args.tail_p,
+                tail_s=args.tail_s,
+            )
         )
         runner = EpisodeRunner(factory, tokenizer, env_cfg)
         complete = Counted(pool, seed=1000 * round_)

@@ -13,7 +13,7 @@ from rlsys.trainers.collector import RolloutCollector, check_group_by
 
 def evaluate(cfg: TrainConfig) -> dict:
     """``rlsys eval``: greedy held-out accuracy of ``model.path`` in this process (no Ray)."""
-    from rlsys.engines import ENGINES
+    from rlsys.engines import build_engine
     from rlsys.runtime import limit_threads
 
     limit_threads(cfg.rollout.num_cpus_per_worker)
@@ -21,9 +21,7 @@ def evaluate(cfg: TrainConfig) -> dict:
     tokenizer = load_tokenizer(path)
     task = load_task(cfg.task, cfg.run.seed)
     limit = resolve_prompt_limit(cfg, path, task)
-    engine = ENGINES.get(cfg.rollout.engine)(
-        path, cfg.rollout.dtype or cfg.model.dtype, cfg.rollout
-    )
+    engine = build_engine(path, cfg.rollout.dtype or cfg.model.dtype, cfg.rollout)
     collector = RolloutCollector.for_task(
         lambda prompts, sampling, seed, budgets, images=None: engine.generate(
             prompts, sampling, budgets, images

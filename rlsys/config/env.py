@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.errors import ConfigError
@@ -81,6 +82,11 @@ class EnvConfig:
     # openai_agent: an agent still running after this long scores 0 (its thread is abandoned)
     agent_timeout_s: float = 300.0
 
+    # The environment's own settings by name, for an environment that registered a settings
+    # class (rlsys/envs/registry.py; docs/extending.md), e.g. {latency_s: 0.05} for latency;
+    # an environment added in a plugin takes all of its settings here.
+    args: dict[str, Any] = field(default_factory=dict)
+
     sql: SQLToolConfig = field(default_factory=SQLToolConfig)  # the sql environment's tool
     search: SearchToolConfig = field(default_factory=SearchToolConfig)  # the search tool
 
@@ -102,6 +108,11 @@ class EnvConfig:
         if self.batch_wait_s is not None:
             non_negative("task.env.batch_wait_s", self.batch_wait_s)
         positive("task.env.agent_timeout_s", self.agent_timeout_s)
+        if self.args and self.name is None:
+            raise ConfigError(
+                f"task.env.args={dict(self.args)} is read by the environment task.env.name "
+                "names, and task.env.name is null; name the environment or drop task.env.args"
+            )
         self._check_agent()
 
     def _check_agent(self) -> None:

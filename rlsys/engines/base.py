@@ -1,7 +1,7 @@
 """What a rollout engine is: the interface ``RolloutWorker`` drives and every engine offers.
 
-An engine is built as ``ENGINES.get(name)(model_path, dtype, rollout_cfg, device)`` inside a
-rollout worker's process and is called from one thread of that worker (``abort`` from any).
+An engine is built as ``ENGINES.get(name)(model_path, dtype, rollout_cfg, device)`` (plus its
+settings, if it registered any: ``rlsys.engines.build_engine``) inside a rollout worker's process and is called from one thread of that worker (``abort`` from any).
 """
 
 from __future__ import annotations

@@ -1,22 +1,26 @@
 """Multi-turn environments (``task.env.name``): the interface, the tool-call formats (the
 environments' compact one and the chat formats the rollout translates, ``task.env.tool_format``),
-the rollout that alternates model turns with observations, and the built-in environments."""
+the rollout that alternates model turns with observations, and the built-in environments.
+
+Every module of this package is imported here, so a built-in environment is one module whose
+factory registers itself (``@ENVS.register(...)``, ``rlsys/envs/registry.py``)."""
+
+import importlib
+import pkgutil
 
 from rlsys.envs.base import Environment, EnvironmentFactory, StepResult
-from rlsys.envs.calculator import Calculator
-from rlsys.envs.guess_number import GuessNumber
-from rlsys.envs.latency import Latency
-from rlsys.envs.lookup import SearchEnvironment, SQLEnvironment
+from rlsys.envs.registry import ENVS, env_settings, make_factory
 from rlsys.envs.rollout import EpisodeRunner
-from rlsys.registry import Registry
 
-# an environment factory class: ENVS.get(name)(cfg.task.env) makes the factory
-# (rlsys/envs/base.py)
-ENVS: Registry[type[EnvironmentFactory]] = Registry("environment", "task.env.name")
-ENVS.register("calculator")(Calculator)
-ENVS.register("guess_number")(GuessNumber)
-ENVS.register("latency")(Latency)
-ENVS.register("sql")(SQLEnvironment)
-ENVS.register("search")(SearchEnvironment)
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")  # each registers what it defines
 
-__all__ = ["ENVS", "Environment", "EnvironmentFactory", "EpisodeRunner", "StepResult"]
+__all__ = [
+    "ENVS",
+    "Environment",
+    "EnvironmentFactory",
+    "EpisodeRunner",
+    "StepResult",
+    "env_settings",
+    "make_factory",
+]

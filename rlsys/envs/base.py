@@ -46,8 +46,8 @@ class Environment(Protocol):
 
 class EnvironmentFactory(Protocol):
     """Makes the environment of a prompt; knows how to demonstrate the task for SFT. The
-    factory class is called with the run's ``task.env`` config (``EnvConfig``), once per
-    rollout collector."""
+    factory class is called with the run's ``task.env`` config (``EnvConfig``), and its settings
+    if it registered any (``rlsys/envs/registry.py``), once per rollout collector."""
 
     def __call__(self, prompt: Prompt) -> Environment: ...
 

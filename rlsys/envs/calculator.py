@@ -16,6 +16,7 @@ import operator
 
 from rlsys.config.env import EnvConfig
 from rlsys.envs.base import StepResult
+from rlsys.envs.registry import ENVS
 from rlsys.envs.tools import ToolCallError, find_call, format_call, format_result
 from rlsys.rewards.registry import numbers_in, same_number
 from rlsys.types import Prompt
@@ -90,6 +91,7 @@ class CalculatorEpisode:
         return StepResult(format_result(str(result)), tool_call=True)
 
 
+@ENVS.register("calculator")
 class Calculator:
     """Makes calculator episodes; demonstrates a call on ``meta["expression"]``."""
 

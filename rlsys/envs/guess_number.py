@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rlsys.config.env import EnvConfig
 from rlsys.envs.base import StepResult
+from rlsys.envs.registry import ENVS
 from rlsys.rewards.registry import numbers_in
 from rlsys.types import Prompt
 
@@ -23,6 +24,7 @@ class GuessEpisode:
         return StepResult(" higher\n" if guess < self.secret else " lower\n", correct=False)
 
 
+@ENVS.register("guess_number")
 class GuessNumber:
     """Makes games from prompts whose answer is the secret; demonstrates binary search
     over ``meta["low"]..meta["high"]``."""

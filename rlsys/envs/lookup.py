@@ -19,6 +19,7 @@ from rlsys.config.env import EnvConfig
 from rlsys.data.sql_tool import SQLDatabase, ToolReply
 from rlsys.envs.answers import exact_match, same_values
 from rlsys.envs.base import StepResult
+from rlsys.envs.registry import ENVS
 from rlsys.envs.search import SearchIndex
 from rlsys.envs.tools import CALL_END, ToolCallError, find_call, format_call, format_result
 from rlsys.types import Prompt
@@ -66,6 +67,7 @@ class _Recent(OrderedDict):
         return self[seed]
 
 
+@ENVS.register("sql")
 class SQLEnvironment:
     """``sql``: questions about the prompt's database ``meta["db"]``; demonstrates running
     the reference query ``meta["query"]`` and copying its result."""
@@ -96,6 +98,7 @@ class SQLEnvironment:
         ]
 
 
+@ENVS.register("search")
 class SearchEnvironment:
     """``search``: questions about the prompt's knowledge base ``meta["kb"]``; demonstrates
     the searches of ``meta["searches"]`` (one per hop) and the answer."""

@@ -16,13 +16,16 @@ from rlsys.algorithms.offpolicy import OFF_POLICY_CORRECTIONS
 from rlsys.algorithms.policy_losses import POLICY_LOSSES, policy_loss_settings
 from rlsys.algorithms.preference import PREFERENCE_LOSSES
 from rlsys.backends import BACKENDS
+from rlsys.config.env import AGENT_ENV
 from rlsys.config.errors import ConfigError
 from rlsys.data.tasks import TASKS
-from rlsys.engines import ENGINES
+from rlsys.engines import ENGINES, engine_settings
+from rlsys.envs import ENVS, env_settings
 from rlsys.weight_sync import TRANSPORTS
 
 if TYPE_CHECKING:
     from rlsys.config.algorithm import AlgorithmConfig
+    from rlsys.config.env import EnvConfig
     from rlsys.config.reward import RewardModelConfig
     from rlsys.config.schema import TrainConfig
 
@@ -31,6 +34,8 @@ def check_names(cfg: TrainConfig) -> None:
     """Every registered name of ``cfg``, section by section."""
     TASKS.check(cfg.task.name)
     ENGINES.check(cfg.rollout.engine)
+    engine_settings(cfg.rollout)  # the engine's own settings: bad ones named
+    check_env_names(cfg.task.env)
     BACKENDS.check(cfg.learner.backend, key="learner.backend")
     BACKENDS.check(cfg.critic.backend, key="critic.backend")
     check_algorithm_names(cfg.algorithm)
@@ -39,6 +44,20 @@ def check_names(cfg: TrainConfig) -> None:
     TRANSPORTS.check(cfg.weight_sync.transport)
     check_reward_model_names(cfg.reward.model)
     PREFERENCE_LOSSES.check(cfg.dpo.loss)
+
+
+def check_env_names(env: EnvConfig) -> None:
+    """The environment's name and its own settings (``task.env.args``); the user agent
+    (``openai_agent``) is no registered environment and takes no settings."""
+    if env.name == AGENT_ENV:
+        if env.args:
+            raise ConfigError(
+                f"task.env.args={dict(env.args)} is not read by task.env.name={AGENT_ENV} (the "
+                "agent is a function, task.env.agent); drop task.env.args"
+            )
+    elif env.name is not None:
+        ENVS.check(env.name)
+        env_settings(env)
 
 
 def check_algorithm_names(algo: AlgorithmConfig) -> None:

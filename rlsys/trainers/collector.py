@@ -15,7 +15,7 @@ from rlsys.config.env import AGENT_ENV
 from rlsys.config.errors import ConfigError
 from rlsys.config.reward import RewardConfig
 from rlsys.config.schema import TaskConfig
-from rlsys.envs import ENVS, EpisodeRunner
+from rlsys.envs import EpisodeRunner, make_factory
 from rlsys.envs.chat_turns import ChatTurns
 from rlsys.envs.tool_formats import ToolFormat, make_tool_format
 from rlsys.rewards.scorer import RewardScorer
@@ -153,7 +153,7 @@ class RolloutCollector:
             agent = load_agent(cfg.env.agent or "")
             episodes = AgentRunner(agent, tokenizer, fmt, cfg.env, cfg.max_prompt_tokens)
         elif cfg.env.name is not None:
-            factory = ENVS.get(cfg.env.name)(cfg.env)
+            factory = make_factory(cfg.env)
             prompt_format.check(tokenizer)
             fmt = make_tool_format(cfg.env.tool_format, tokenizer, cfg.chat_template)
             turns = None

@@ -43,7 +43,7 @@ class RolloutWorker:
         """An engine on ``model_path``; ``lora_scale``: the policy trains LoRA adapters (of
         that alpha / rank) and weight syncs carry only them, merged here into the base;
         ``visible_devices``: the GPUs of an engine over several (``ActorResources``)."""
-        from rlsys.engines import ENGINES
+        from rlsys.engines import build_engine
         from rlsys.placement.gpu_slots import bind_visible_devices
         from rlsys.runtime import limit_threads, pick_device, quiet_libraries
 
@@ -53,7 +53,7 @@ class RolloutWorker:
         self.threads = self._on_engine_thread(limit_threads, threads)
         self.device = pick_device(num_gpus)
         self.engine: RolloutEngine = self._on_engine_thread(
-            ENGINES.get(cfg.engine), model_path, dtype, cfg, self.device
+            build_engine, model_path, dtype, cfg, self.device
         )
         self.transport: WeightTransport | None = None
         self.wakes = 0  # wake calls served (colocated runs: one per step)

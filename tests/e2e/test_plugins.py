@@ -1,7 +1,8 @@
-"""A policy loss and an advantage estimator, each with its own settings, written outside
-rlsys, trained by config alone: the plugin file (its source is below) registers them,
-`plugins=[...]` imports it in every process of the run, and `algorithm.policy_loss_args` /
-`algorithm.advantage_args` set their settings (docs/extending.md)."""
+"""A policy loss, an advantage estimator, an environment and a rollout engine, each with its
+own settings, written outside rlsys, trained by config alone: a plugin file (their sources are
+below) registers them, `plugins=[...]` imports it in every process of the run, and
+`algorithm.policy_loss_args` / `algorithm.advantage_args` / `task.env.args` /
+`rollout.engine_args` set their settings (docs/extending.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from rlsys.algorithms.estimators import ADVANTAGES
 from rlsys.algorithms.policy_losses import POLICY_LOSSES
 from rlsys.config.errors import ConfigError
 from rlsys.config.loader import to_yaml
+from rlsys.engines import ENGINES
+from rlsys.envs import ENVS
 from rlsys.resolve import load_config, load_run_config, plugins
 from rlsys.run.doctor_checks import TRAIN_OVERRIDES
 
@@ -135,3 +138,150 @@ def test_plugin_settings_and_failures_name_the_key(tmp_path, plugin_file):
     with pytest.raises(ConfigError, match="names plugins"):
         load_run_config(saved)
     assert load_run_config(saved, plugins=True).algorithm.policy_loss == "scaled_pg"
+
+
+ENV_PLUGIN = '''
+"""A game that answers every model turn " again" and pays a reward of its own per turn,
+ending after a number of turns of its own."""
+
+from dataclasses import dataclass
+
+from rlsys.envs import ENVS, StepResult
+
+
+@dataclass(frozen=True)
+class AgainSettings:  # task.env.args
+    turns: int = 3  # the trajectory ends after this many model turns
+    reward: float = 1.0  # paid for every turn
+
+    def __post_init__(self):
+        if self.turns < 1:
+            raise ValueError(f"turns={self.turns} must be >= 1")
+
+
+class AgainEpisode:
+    def __init__(self, s: AgainSettings):
+        self.s, self.steps = s, 0
+
+    def step(self, action: str) -> StepResult:
+        self.steps += 1
+        done = self.steps >= self.s.turns
+        return StepResult(None if done else " again\\n", reward=self.s.reward, done=done)
+
+
+@ENVS.register("again", settings=AgainSettings)
+class Again:
+    stop = ["\\n"]  # a model turn is one line
+
+    def __init__(self, cfg, settings: AgainSettings):
+        self.settings = settings
+
+    def __call__(self, prompt):
+        return AgainEpisode(self.settings)
+
+    def demonstration(self, prompt):
+        return [(prompt.answer, True)]
+'''
+
+ENGINE_PLUGIN = '''
+"""The HF engine with every reply cut to a token count of its own."""
+
+from dataclasses import dataclass
+
+from rlsys.engines import ENGINES
+from rlsys.engines.hf import HFEngine
+
+
+@dataclass(frozen=True)
+class CapSettings:  # rollout.engine_args
+    max_new_tokens: int = 8
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+
+
+@ENGINES.register("hf_capped", settings=CapSettings)
+class CappedHFEngine(HFEngine):
+    def __init__(self, model_path, dtype, cfg, device, settings: CapSettings):
+        super().__init__(model_path, dtype, cfg, device)
+        self.cap = settings.max_new_tokens
+
+    def generate(self, prompts, sampling, budgets=None, images=None):
+        budgets = [min(b, self.cap) for b in budgets or [sampling.max_new_tokens] * len(prompts)]
+        return super().generate(prompts, sampling, budgets, images)
+'''
+
+
+@pytest.fixture
+def env_and_engine_plugins(tmp_path):
+    env, engine = tmp_path / "again_env.py", tmp_path / "capped_engine.py"
+    env.write_text(ENV_PLUGIN)
+    engine.write_text(ENGINE_PLUGIN)
+    yield env, engine
+    for registry, name in ((ENVS, "again"), (ENGINES, "hf_capped")):
+        if name in registry:
+            registry.unregister(name)
+    for path in (env, engine):
+        plugins._loaded.pop(str(path), None)
+
+
+def test_an_environment_and_an_engine_from_plugins_run_by_config_alone(
+    tmp_path, env_and_engine_plugins
+):
+    """`rlsys train` with both plugins for one step: the driver's episodes run the plugin's
+    environment at its settings, the rollout worker (a Ray actor) the plugin's engine."""
+    env, engine = env_and_engine_plugins
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlsys.cli",
+            "train",
+            *TRAIN_OVERRIDES,
+            "task=guess_number",
+            "trainer.total_steps=1",
+            "learner.world_size=1",
+            "data.batch_size=4",
+            f"plugins=[{env},{engine}]",
+            "task.env.name=again",
+            "task.env.args={turns: 2, reward: 0.5}",
+            "rollout.engine=hf_capped",
+            "rollout.engine_args={max_new_tokens: 2}",
+            f"run.output_dir={tmp_path}",
+            "run.name=r",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    step = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert step["step"] == 1 and 1.0 <= step["env/turns"] <= 2.0  # the env's turns=2
+    assert step["reward/env"] == pytest.approx(0.5 * step["env/turns"])  # 0.5 a turn
+    # model tokens (trained ones) per turn: at most the engine's 2 (uncapped: about 4)
+    model_tokens = step["rollout/response_tokens"] * step["env/model_token_frac"]
+    assert model_tokens <= 2 * step["env/turns"] + 1e-6
+
+
+def test_env_and_engine_settings_fail_at_load_naming_the_key(env_and_engine_plugins):
+    env, engine = env_and_engine_plugins
+    cfg = load_config(
+        [
+            f"plugins=[{env},{engine}]",
+            "task.env.name=again",
+            "task.env.args={turns: 2}",
+            "rollout.engine=hf_capped",
+        ]
+    )
+    assert cfg.task.env.args == {"turns": 2} and cfg.rollout.engine == "hf_capped"
+    with pytest.raises(ConfigError, match=r"task.env.args.turn is not a setting of .*again"):
+        load_config([f"plugins=[{env}]", "task.env.name=again", "task.env.args={turn: 2}"])
+    with pytest.raises(ConfigError, match=r"task.env.args: turns=0 must be >= 1"):
+        load_config([f"plugins=[{env}]", "task.env.name=again", "task.env.args={turns: 0}"])
+    capped = [f"plugins=[{engine}]", "rollout.engine=hf_capped"]
+    with pytest.raises(ConfigError, match=r"rollout.engine_args.cap is not a setting of .*capped"):
+        load_config([*capped, "rollout.engine_args={cap: 2}"])
+    with pytest.raises(ConfigError, match=r"rollout.engine_args: max_new_tokens=0 must be >= 1"):
+        load_config([*capped, "rollout.engine_args={max_new_tokens: 0}"])

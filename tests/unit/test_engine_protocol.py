@@ -62,3 +62,34 @@ def test_the_hf_engine_wakes_to_the_same_greedy_output(tiny_model_dir, device):
         )
     engine.wake()
     assert [g[0].token_ids for g in engine.generate(prompts, greedy)] == before
+
+
+def test_an_engine_with_settings_is_built_with_them(tiny_model_dir):
+    """An engine class registered with a settings dataclass gets them from
+    ``rollout.engine_args`` as a fifth argument; one without settings keeps four."""
+    from dataclasses import dataclass
+
+    from rlsys.config.errors import ConfigError
+    from rlsys.config.schema import RolloutConfig
+    from rlsys.engines import ENGINES, build_engine, engine_settings
+
+    @dataclass(frozen=True)
+    class TagSettings:
+        tag: str = "plain"
+
+    class TaggedEngine(HFEngine):
+        def __init__(self, model_path, dtype, cfg, device, settings: TagSettings):
+            super().__init__(model_path, dtype, cfg, device)
+            self.tag = settings.tag
+
+    ENGINES.register("hf_tagged", settings=TagSettings)(TaggedEngine)
+    try:
+        cfg = RolloutConfig(engine="hf_tagged", engine_args={"tag": "mine"})
+        assert engine_settings(cfg) == TagSettings("mine")
+        engine = build_engine(tiny_model_dir, "float32", cfg)
+        assert isinstance(engine, TaggedEngine) and engine.tag == "mine"
+        assert type(build_engine(tiny_model_dir, "float32", RolloutConfig())) is HFEngine
+        with pytest.raises(ConfigError, match=r"rollout.engine_args.tg is not a setting of"):
+            engine_settings(RolloutConfig(engine="hf_tagged", engine_args={"tg": "x"}))
+    finally:
+        ENGINES.unregister("hf_tagged")

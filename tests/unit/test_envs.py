@@ -191,6 +191,33 @@ def test_word_problems_are_unique_deterministic_and_env_reward_needs_an_env():
         TaskConfig(reward="env")
 
 
+def test_an_environment_registers_itself_with_settings_from_task_env_args():
+    """Each built-in module registers its own factory (rlsys/envs/__init__.py imports them
+    all); an environment with settings gets them from task.env.args, checked at load."""
+    from rlsys.envs import env_settings, make_factory
+    from rlsys.envs.latency import Latency, LatencySettings
+    from rlsys.resolve import load_config
+
+    assert ENVS.names() == ["calculator", "guess_number", "latency", "search", "sql"]
+    assert ENVS.settings("latency") is LatencySettings and ENVS.settings("sql") is None
+    cfg = load_config(["task.env.name=latency", "task.env.args={latency_s: 0.0, turns: 2}"])
+    assert env_settings(cfg.task.env) == LatencySettings(latency_s=0.0, turns=2)
+    factory = make_factory(cfg.task.env)
+    assert isinstance(factory, Latency) and factory.settings.turns == 2
+    assert [t for t, model in factory.demonstration(Prompt(0, "q", "")) if model] == ["go\n", "go"]
+    episode = factory(Prompt(0, "q", ""))
+    assert not episode.step("go").done and episode.step("go").done  # after 2 turns
+    assert isinstance(make_factory(EnvConfig(name="calculator")), Calculator)  # no settings
+    with pytest.raises(ConfigError, match=r"task.env.args.turn is not a setting of .*latency"):
+        load_config(["task.env.name=latency", "task.env.args={turn: 2}"])
+    with pytest.raises(ConfigError, match=r"task.env.args: turns=0 must be >= 1"):
+        load_config(["task.env.name=latency", "task.env.args={turns: 0}"])
+    with pytest.raises(ConfigError, match=r"task.env.args.x is not a setting of .*calculator"):
+        load_config(["task.env.name=calculator", "task.env.args={x: 1}"])
+    with pytest.raises(ConfigError, match="task.env.name is null"):
+        load_config(["task.env.args={turns: 2}"])
+
+
 def test_turn_end_is_decided_by_token_ids_and_failures_end_only_their_trajectory(tok):
     env = EnvConfig(max_turns=4, max_total_tokens=200, scheduling="lockstep")
     runner = EpisodeRunner(Calculator(), tok, env)
