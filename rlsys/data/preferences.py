@@ -25,7 +25,8 @@ import numpy as np
 from rlsys.config.errors import ConfigError
 from rlsys.config.preference import PreferenceDataConfig
 from rlsys.data.collate import pack
-from rlsys.data.tasks import TaskSplits, hold_out, read_rows
+from rlsys.data.rows import read_rows
+from rlsys.data.tasks import TaskSplits, hold_out
 from rlsys.types import Prompt, Sample, TrainBatch
 
 log = logging.getLogger(__name__)

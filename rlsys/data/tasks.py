@@ -8,24 +8,22 @@ learns far more easily. In the ``question`` style (for pretrained chat models) i
 ``What is a <op> b?`` and the answer is the plain decimal value, which the ``last_number``
 reward finds at the end of a worked reply. ``arithmetic_scratchpad`` chains 3-4 additions
 and answers with the worked steps ("23+45=68;68+17=85;#85"): long replies decided late.
-File tasks read jsonl or parquet rows with configurable prompt and answer columns.
+File tasks read jsonl or parquet rows (rlsys/data/rows.py) with configurable prompt and answer
+columns.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TaskConfig
-from rlsys.data.images import BINARY_URL
+from rlsys.data.rows import read_rows
 from rlsys.registry import Registry
 from rlsys.types import Prompt
 
@@ -234,109 +232,6 @@ def _default_max_new_tokens(cfg: TaskConfig) -> int:
     if cfg.style == "question":
         return QUESTION_MAX_NEW_TOKENS
     return max(_answer_width(op, cfg.digits) for op in cfg.operators) + 1
-
-
-def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
-    """The rows of a .jsonl or .parquet file (``key``: the config key that named it). A jsonl
-    line that is not UTF-8, not JSON or not a JSON object becomes ``{}``, for the caller to
-    count as malformed; the reasons are logged with their first line numbers. A path that is
-    missing, not a file, of another format or without a single row is a ConfigError."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        what = "is a directory" if p.is_dir() else "does not exist"
-        raise ConfigError(f"{key}={path!r} {what}; pass a .jsonl or .parquet file")
-    if p.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            rows = [_plain(row) for row in pq.read_table(p).to_pylist()]
-        except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"{key}={path!r} is not a readable parquet file: {exc}") from exc
-    elif p.suffix in (".jsonl", ".json"):
-        rows = _jsonl_rows(p, key)
-    else:
-        raise ConfigError(f"{key}={path!r}: use a .jsonl or .parquet file")
-    if not rows:
-        raise ConfigError(f"{key}={path!r} holds no rows; pass a file with one row per prompt")
-    return rows
-
-
-def _plain(value):
-    """A parquet value as JSON would hold it (dates, decimals and bytes as strings; bytes that
-    are not UTF-8, such as an image column's, as a base64 data URL that load_image reads), so
-    a row's extra columns can ride in checkpoints (rlsys.checkpoint.state_file holds plain values only)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return BINARY_URL + base64.b64encode(value).decode("ascii")
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
-
-
-# A jsonl line longer than this is skipped as it streams past, never held whole: no prompt row
-# needs more (an image inlined as a data URL included), and a 10 MB line had cost seconds and
-# gigabytes before it was dropped as too long anyway
-MAX_LINE_BYTES = 8 << 20
-
-
-def _lines(fh, limit: int = MAX_LINE_BYTES):
-    """The lines of binary file ``fh``; a line over ``limit`` bytes comes as None, read past in
-    1 MiB pieces."""
-    while True:
-        raw = fh.readline(limit + 1)
-        if not raw:
-            return
-        if len(raw) <= limit or raw.endswith(b"\n"):
-            yield raw
-            continue
-        while raw and not raw.endswith(b"\n"):  # the rest of the long line
-            raw = fh.readline(1 << 20)
-        yield None
-
-
-def _jsonl_rows(path: Path, key: str) -> list[dict]:
-    rows: list[dict] = []
-    bad: dict[str, list[int]] = {}  # reason -> line numbers
-    with path.open("rb") as fh:
-        for number, raw in enumerate(_lines(fh), start=1):
-            if raw is None:
-                bad.setdefault(f"over {MAX_LINE_BYTES >> 20} MiB", []).append(number)
-                rows.append({})  # counted as malformed by the caller
-                continue
-            try:
-                line = raw.decode("utf-8")
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                reason = None if isinstance(row, dict) else "not a JSON object"
-            except UnicodeDecodeError:
-                reason = "not UTF-8"
-            except json.JSONDecodeError:
-                reason = "not JSON"
-            if reason is None:
-                rows.append(row)
-            else:
-                bad.setdefault(reason, []).append(number)
-                rows.append({})  # counted as malformed by the caller
-    if bad:
-        log.warning(
-            "%s=%s: skipped %s",
-            key,
-            path,
-            "; ".join(
-                f"{len(lines)} lines {reason} (lines {', '.join(map(str, lines[:5]))}"
-                f"{', ...' if len(lines) > 5 else ''})"
-                for reason, lines in bad.items()
-            ),
-        )
-    return rows
 
 
 def _no_usable_rows(key: str, path: str, rows: list[dict], needed: list[str]) -> ConfigError:

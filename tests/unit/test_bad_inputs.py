@@ -12,7 +12,7 @@ import time
 import pytest
 
 from rlsys.cli import main
-from rlsys.data.tasks import read_rows
+from rlsys.data.rows import read_rows
 
 FAST_S = 5.0  # config and data errors come back within this (imports aside: they are warm)
 

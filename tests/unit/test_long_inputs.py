@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from rlsys.data.tasks import MAX_LINE_BYTES, read_rows
+from rlsys.data.rows import MAX_LINE_BYTES, read_rows
 from rlsys.models.loading import load_tokenizer
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.types import Prompt
