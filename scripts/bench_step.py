@@ -45,7 +45,8 @@ def main() -> int:
     from rlsys.pools import start_pools
     from rlsys.run.tracking import Tracker
     from rlsys.runtime import quiet_libraries
-    from rlsys.trainers.rl.controller import Controller, setup_frozen
+    from rlsys.trainers.rl.controller import Controller
+    from rlsys.trainers.rl.timing import setup_frozen
 
     quiet_libraries()
     roles = Roles.for_rl(cfg)
