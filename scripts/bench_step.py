@@ -44,7 +44,8 @@ def main() -> int:
     from rlsys.placement.resources import Roles
     from rlsys.run.tracking import Tracker
     from rlsys.runtime import quiet_libraries
-    from rlsys.trainers.rl.controller import Controller, setup_frozen
+    from rlsys.trainers.rl.controller import Controller
+    from rlsys.trainers.rl.timing import setup_frozen
     from rlsys.workers.pools import start_pools
 
     quiet_libraries()

@@ -27,8 +27,8 @@ BACKENDS: Registry[Builder] = Registry("training backend", "learner.backend")
 
 @BACKENDS.register("fsdp2", float16=True)  # deepspeed: no fp16 loss scaling here
 def _fsdp2(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBackend:
-    from rlsys.backends.base import MemorySettings
     from rlsys.backends.fsdp import FSDP2Backend
+    from rlsys.backends.memory import MemorySettings
 
     memory = MemorySettings.of(cfg)
     return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile, memory=memory, **kwargs)
@@ -36,8 +36,8 @@ def _fsdp2(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBackend:
 
 @BACKENDS.register("deepspeed")
 def _deepspeed(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBackend:
-    from rlsys.backends.base import MemorySettings
     from rlsys.backends.deepspeed import DeepSpeedBackend
+    from rlsys.backends.memory import MemorySettings
 
     memory = MemorySettings.of(cfg)
     return DeepSpeedBackend(

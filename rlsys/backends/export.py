@@ -99,7 +99,7 @@ def export_hf(checkpoint_dir: str, out_dir: str, merge: bool = False) -> str:
 
 def _export_lora(root: Path, state: dict, info: dict, model, out_dir: str, merge: bool) -> str:
     """``export_hf`` of a LoRA checkpoint: ``state`` holds the adapters by model name."""
-    from rlsys.backends.base import merged_state
+    from rlsys.backends.lora_merge import merged_state
     from rlsys.config.schema import LoraConfig
     from rlsys.models import lora
     from rlsys.models.loading import save_tokenizer

@@ -183,7 +183,7 @@ def test_engines_sleep_by_default_only_where_they_hold_gpu_memory():
 def test_memory_keys_reach_the_learner_backend_and_not_the_reference():
     """learner.activation_checkpointing / offload / reduce_dtype become the backend's
     MemorySettings; the reference group (no backward, no optimizer) takes none of them."""
-    from rlsys.backends.base import MemorySettings
+    from rlsys.backends.memory import MemorySettings
 
     cfg = load_config(
         [

@@ -57,7 +57,7 @@ def test_only_adapters_train_and_travel_by_peft_names(tiny_model_dir):
 def test_merged_weights_give_the_adapted_models_output(tiny_model_dir):
     """What an engine loads (the base + scale * B @ A) computes what PEFT's model does, and
     the base model with adapters off is the plain model."""
-    from rlsys.backends.base import merged_state
+    from rlsys.backends.lora_merge import merged_state
 
     adapted = _adapted(tiny_model_dir)
     plain = load_model(tiny_model_dir)

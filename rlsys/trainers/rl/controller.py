@@ -32,18 +32,15 @@ this step's training (one-step-off); more is fully asynchronous.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from rlsys.algorithms.estimators import ADVANTAGES
-from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
 from rlsys.algorithms.traits import uses_critic
 from rlsys.buffer.replay import ReplayStore
@@ -58,53 +55,23 @@ from rlsys.models.loading import end_token_ids
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector, check_group_by
-from rlsys.trainers.rl.faults import nonfinite_streak
 from rlsys.trainers.rl.group_structure import group_structure
 from rlsys.trainers.rl.handover import MemoryHandover
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.rollout_metrics import rollout_metrics
 from rlsys.trainers.rl.run_summary import run_summary
-from rlsys.trainers.rl.sample_metrics import (
-    sample_rows,
-)
+from rlsys.trainers.rl.sample_metrics import sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan, live_check
 from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
-from rlsys.trainers.rl.step_metrics import batch_metrics, perf_metrics, train_metrics
+from rlsys.trainers.rl.step_metrics import batch_metrics, perf_metrics
+from rlsys.trainers.rl.timing import StageTimer, setup_frozen
+from rlsys.trainers.rl.updates import LearnerUpdates
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
 from rlsys.workers.pools import Pools
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def setup_frozen():
-    """Keep what exists now (imported libraries, configs, the tokenizer: the set-up, alive to
-    the end) out of the cyclic garbage collector while the run trains. A full collection over
-    it took 130-140 ms in the controller's process on this project's 2-core machine, and a
-    rollout loop waited through one mid-generation (``scripts/bench_step.py``). Garbage is
-    collected first, and the set-up goes back to the collector at the end (with anything a
-    caller froze before: ``gc.unfreeze`` has no nesting)."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-class StageTimer:
-    """Wall seconds per named stage of one step."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, stage: str):
-        start = time.perf_counter()
-        yield
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
 class Controller:
@@ -153,6 +120,7 @@ class Controller:
         self.preempt = threading.Event()  # set (by a SIGTERM handler): checkpoint and stop
         self.state = RunState(*self._fresh_parts())
         self.handover = MemoryHandover(pools, self.state, cfg.engines_sleep)
+        self.updates = LearnerUpdates(cfg, pools, self.state, self.recipe, checkpoints)
         self.scale_plan = ScalePlan(
             {key: getattr(cfg, key).elastic.schedule for key in ("rollout", *RESIZABLE_GROUPS)},
             run_dir,
@@ -176,12 +144,12 @@ class Controller:
             scaler=self.scaler,
             run_info=self.run_info,
             reset=lambda: self.state.reset(*self._fresh_parts()),
-            new_learners=self._set_learning_rates,
+            new_learners=self.updates.set_learning_rates,
         )
         self.learner_scaler = LearnerScaler(
-            cfg, pools, self.state, self.recovery, self._set_learning_rates
+            cfg, pools, self.state, self.recovery, self.updates.set_learning_rates
         )
-        self._set_learning_rates()
+        self.updates.set_learning_rates()
 
     def _fresh_parts(self) -> tuple[StreamingBuffer, PromptSampler, Pipeline]:
         """A run's fresh buffer, prompt sampler and pipeline of loops (for a new ``RunState``
@@ -324,7 +292,7 @@ class Controller:
         metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
         metrics["perf/padding_frac"] = float(1.0 - batch.attention_mask.mean())
         with self.handover.engines_asleep(timer, metrics):
-            if self._needs_old_logprobs(batch):
+            if self.updates.needs_old_logprobs(batch):
                 with timer("learner_logprobs"):
                     batch.old_logprobs = self.pools.learner.forward_logprobs(batch)
                 metrics.update(self.recipe.off_policy_weights(batch))
@@ -335,65 +303,9 @@ class Controller:
             structure = group_structure(kept, self.cfg.algorithm.advantage)
             adv = self.recipe.advantages(batch, token_kl, **structure)
             batch.advantages, batch.returns = adv.advantages, adv.returns
-            update, moved = self._update(step, batch, token_kl, timer)
+            update, moved = self.updates.update(step, batch, token_kl, timer)
         metrics.update(update)
         return moved
-
-    def _needs_old_logprobs(self, batch: TrainBatch) -> bool:
-        """Whether this update needs a forward pass of its own before training (else the
-        training pass's log-probabilities, detached, serve: see ``needs_old_logprobs``)."""
-        learner = self.cfg.learner
-        return needs_old_logprobs(
-            learner.ppo_epochs,
-            learner.num_mini_batches,
-            self.cfg.algorithm.off_policy,
-            batch.ref_logprobs is not None,
-        )
-
-    def _update(
-        self, step: int, batch: TrainBatch, token_kl: np.ndarray | None, timer: StageTimer
-    ) -> tuple[dict[str, float], bool]:
-        """Train the critic and (after its warm-up) the policy on ``batch``; returns the
-        metrics and whether the policy changed."""
-        metrics: dict[str, float] = {}
-        if self.pools.critic is not None:
-            with timer("critic_train"):
-                critic = self.pools.critic.train_step(
-                    batch, ValueObjective(self.cfg.critic.value_clip), self._seed(step)
-                )
-            metrics.update({f"critic/{k}": v for k, v in critic.items()})
-        if self._critic_warming_up(step):
-            return metrics, False
-        with timer("train"):
-            train = self.pools.learner.train_step(
-                batch, self.recipe.policy_objective(), self._seed(step)
-            )
-        kl_coef = self.recipe.kl_coef if token_kl is not None else None
-        metrics.update(train_metrics(train, batch, token_kl, kl_coef, self.state.version + 1))
-        self._count_nonfinite(train.get("skipped_steps", 0.0), step)
-        if token_kl is not None:
-            self.recipe.update_kl_coef(token_kl, batch.loss_mask)
-        return metrics, train["trained_tokens"] > 0  # all masked out: the policy did not move
-
-    def _count_nonfinite(self, skipped: float, step: int) -> None:
-        """Count a step whose optimizer skipped a non-finite loss or gradient; stop the run
-        after ``fault.max_nonfinite_steps`` of them in a row."""
-        if not skipped:
-            self.state.totals.nonfinite_run = 0
-            return
-        self.state.totals.nonfinite_steps += 1
-        limit = self.cfg.fault.max_nonfinite_steps
-        log.warning(
-            "step %d: %d optimizer step(s) skipped for a non-finite loss or gradient norm "
-            "(fault.max_nonfinite_steps=%d in a row stop the run)",
-            step,
-            int(skipped),
-            limit,
-        )
-        latest = self.checkpoints.latest() if self.checkpoints is not None else None
-        self.state.totals.nonfinite_run = nonfinite_streak(
-            self.state.totals.nonfinite_run, skipped, limit, str(latest or "none saved yet")
-        )
 
     def _publish(self, moved: bool, evaluate: bool, timer: StageTimer) -> dict[str, float]:
         """With the rollout loops held between requests: a policy that changed becomes the
@@ -412,10 +324,6 @@ class Controller:
             if evaluate:
                 metrics.update(self._timed_evaluate())
         return metrics
-
-    def _critic_warming_up(self, step: int) -> bool:
-        """During ``critic.pretrain_steps`` only the critic learns."""
-        return self.pools.critic is not None and step <= self.cfg.critic.pretrain_steps
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the held-out prompts with the engines' current weights (call
@@ -439,21 +347,6 @@ class Controller:
         metrics["time/eval"] = time.perf_counter() - start
         self.state.totals.eval_s += metrics["time/eval"]
         return metrics
-
-    def _set_learning_rates(self) -> None:
-        """Peak rates and cosine horizons of the policy (and critic) optimizers."""
-        trainer, learner = self.cfg.trainer, self.cfg.learner
-        policy_steps = trainer.total_steps - (
-            self.cfg.critic.pretrain_steps if self.pools.critic is not None else 0
-        )
-        optimizer_steps = policy_steps * learner.ppo_epochs * learner.num_mini_batches
-        self.pools.learner.set_lr(learner.optim.lr, decay_steps=optimizer_steps)
-        if self.pools.critic is not None:
-            critic = self.cfg.critic
-            self.pools.critic.set_lr(
-                critic.optim.lr,
-                decay_steps=trainer.total_steps * critic.ppo_epochs * critic.num_mini_batches,
-            )
 
     def run(self, final: Path | None = None) -> dict:
         """Evaluate (unless resumed); train until ``trainer.total_steps``, a budget or a
@@ -537,9 +430,6 @@ class Controller:
         if limit and elapsed_s > limit:
             return f"trainer.max_wall_s={limit}"
         return None
-
-    def _seed(self, step: int) -> int:
-        return self.cfg.run.seed * 1_000_003 + step * 101
 
     def _reference_logprobs(self, batch: TrainBatch) -> np.ndarray:
         if self.cfg.reference_from_learner:  # the base model: the learner with adapters off
