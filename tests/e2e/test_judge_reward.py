@@ -2,7 +2,9 @@
 (vLLM's, on the CPU stack, serving the built-in tiny model): verdicts parsed (forced into the
 rubric's format with vLLM's structured outputs, since a random tiny model writes no verdict on
 its own), a reply with no verdict counted as an error, identical requests judged once, and 2
-training steps with the judge's score as the reward."""
+training steps scored by the judge and by a ``reward.url`` service (tests/e2e/
+reward_service.py, its first batch answered 503) together: one run for both, as CI's
+minutes are counted."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from reward_service import Service
 
 from rlsys.config.reward import JudgeConfig
 from rlsys.rewards.judge import JudgeReward
@@ -42,7 +45,7 @@ def judge_url(tiny_model_dir, tmp_path_factory):
     server = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model_dir]
         + ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "judge"]
-        + ["--max-model-len", "256", "--dtype", "float32"],
+        + ["--max-model-len", "256", "--dtype", "float32", "--enforce-eager"],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         env=env,
@@ -86,12 +89,12 @@ def test_a_reply_without_a_verdict_scores_zero_with_an_error(judge_url):
     assert outcome.reward == 0.0 and "HTTP 404" in outcome.error
 
 
-def test_two_training_steps_with_the_judge_as_the_reward(judge_url, tmp_path):
+def test_two_training_steps_scored_by_the_judge_and_a_reward_service(judge_url, service, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "rlsys.cli", "train", "warm_start.enabled=false"]
         + ["trainer.total_steps=2", "trainer.eval_every=0", "eval.num_prompts=16"]
         + ["data.batch_size=8", "rollout.n_samples=4", "algorithm.filter_uniform_groups=false"]
-        + ["learner.world_size=1", "reward.weight=0", f"reward.judge.url={judge_url}"]
+        + ["learner.world_size=1", f"reward.url={service}/score", f"reward.judge.url={judge_url}"]
         + [
             "reward.judge.max_tokens=8",
             "+reward.judge.extra_body.structured_outputs.regex='SCORE: (10|[0-9])'",
@@ -108,4 +111,6 @@ def test_two_training_steps_with_the_judge_as_the_reward(judge_url, tmp_path):
     assert len(train) == 2
     for step in train:
         assert 0.0 <= step["reward/judge"] <= 1.0
-        assert step["rollout/reward_errors"] == 0
+        assert 0.25 <= step["reward/remote"] <= 1.0  # only the service's two values
+        assert step["rollout/reward_errors"] == 0  # the 503 was retried, not counted
+    assert Service.failed_once and sum(Service.seen) >= 2 * 8 * 4

@@ -1,0 +1,3 @@
+"""Fixtures shared by the end-to-end tests."""
+
+from reward_service import service  # noqa: F401 (the reward.url service, a fixture)
