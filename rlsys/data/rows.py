@@ -36,26 +36,12 @@ def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
         )
     elif p.suffix == ".arrow":
         rows = _datasets_rows(p, key)
-    elif p.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            rows = [_plain(row) for row in pq.read_table(p).to_pylist()]
-        except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"{key}={path!r} is not a readable parquet file: {exc}") from exc
+    elif p.suffix in (".parquet", ".csv"):
+        rows = _table_rows(p, path, key)
     elif p.suffix == ".json" and _starts_with(p, b"["):
         rows = _json_array_rows(p, key)
     elif p.suffix in (".jsonl", ".json"):
         rows = _jsonl_rows(p, key)
-    elif p.suffix == ".csv":
-        import pyarrow as pa
-        import pyarrow.csv as pcsv
-
-        try:
-            rows = [_plain(row) for row in pcsv.read_csv(p).to_pylist()]
-        except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"{key}={path!r} is not a readable CSV file: {exc}") from exc
     else:
         raise ConfigError(
             f"{key}={path!r}: use a .jsonl, .json (lines or one array), .parquet, .csv or "
@@ -64,6 +50,20 @@ def read_rows(path: str, key: str = "task.train_path") -> list[dict]:
     if not rows:
         raise ConfigError(f"{key}={path!r} holds no rows; pass a file with one row per prompt")
     return rows
+
+
+def _table_rows(p: Path, path: str, key: str) -> list[dict]:
+    """The rows of the .parquet or .csv file ``p`` (``path`` as the config gave it), read by
+    pyarrow."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    read, kind = (pq.read_table, "parquet") if p.suffix == ".parquet" else (pcsv.read_csv, "CSV")
+    try:
+        return [_plain(row) for row in read(p).to_pylist()]
+    except (OSError, pa.ArrowException) as exc:
+        raise ConfigError(f"{key}={path!r} is not a readable {kind} file: {exc}") from exc
 
 
 # files that make a directory one written by the `datasets` library's save_to_disk

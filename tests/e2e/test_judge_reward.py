@@ -22,6 +22,7 @@ from reward_service import Service
 
 from rlsys.config.reward import JudgeConfig
 from rlsys.rewards.judge import JudgeReward
+from rlsys.run.doctor_checks import TRAIN_OVERRIDES
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -91,9 +92,7 @@ def test_a_reply_without_a_verdict_scores_zero_with_an_error(judge_url):
 
 def test_two_training_steps_scored_by_the_judge_and_a_reward_service(judge_url, service, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "rlsys.cli", "train", "warm_start.enabled=false"]
-        + ["trainer.total_steps=2", "trainer.eval_every=0", "eval.num_prompts=16"]
-        + ["data.batch_size=8", "rollout.n_samples=4", "algorithm.filter_uniform_groups=false"]
+        [sys.executable, "-m", "rlsys.cli", "train", *TRAIN_OVERRIDES]
         + ["learner.world_size=1", f"reward.url={service}/score", f"reward.judge.url={judge_url}"]
         + [
             "reward.judge.max_tokens=8",

@@ -6,14 +6,12 @@ judge's, in tests/e2e/test_judge_reward.py (the service: tests/e2e/reward_servic
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 
 from rlsys.config.reward import RewardConfig
 from rlsys.rewards.scorer import RewardScorer
 
-ROOT = Path(__file__).resolve().parents[2]
 TRAIN = [
     "warm_start.enabled=false",
     "trainer.total_steps=2",

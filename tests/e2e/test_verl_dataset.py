@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from rlsys.run.doctor_checks import TRAIN_OVERRIDES
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,10 +34,9 @@ def verl_rows() -> list[dict]:
 def _train_two_steps(tmp_path, path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rlsys.cli", "train", "task.name=file"]
-        + [f"task.train_path={path}", "task.eval_size=16", "eval.num_prompts=16"]
+        + [f"task.train_path={path}", "task.eval_size=16"]
         + ["task.max_new_tokens=8"]
-        + ["warm_start.enabled=false", "trainer.total_steps=2", "trainer.eval_every=0"]
-        + ["data.batch_size=8", "rollout.n_samples=4", "algorithm.filter_uniform_groups=false"]
+        + TRAIN_OVERRIDES
         + ["learner.world_size=1", f"run.output_dir={tmp_path}", "run.name=r"],
         capture_output=True,
         text=True,
