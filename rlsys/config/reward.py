@@ -158,6 +158,10 @@ class RewardConfig:
     weight: float = 1.0  # weight of the verifier (task.reward / reward.fn)
     # More registered rewards added to the total, name -> weight, e.g. {format: 0.1}.
     extra: dict[str, float] = field(default_factory=dict)
+    # The verifier per row by its `data_source` column (verl's datasets), source -> registered
+    # reward, e.g. {openai/gsm8k: gsm8k, lighteval/MATH: math_verify}; rows of other sources,
+    # or with none, are scored by task.reward (rlsys/rewards/routing.py).
+    by_source: dict[str, str] = field(default_factory=dict)
     format_pattern: str = r"(?s)\s*\S.*"  # the `format` reward: 1 when the whole completion matches
     timeout_s: float = 10.0  # per reward call; a timeout scores 0 and counts an error
     # Reward worker actors scoring batches of samples (0: threads of the controller process).
@@ -188,6 +192,18 @@ class RewardConfig:
                 raise ConfigError(
                     f"reward.url={self.url!r} is not an http:// or https:// URL; give the "
                     "reward service's endpoint, e.g. reward.url=http://127.0.0.1:8000/score"
+                )
+        if self.by_source and (self.fn is not None or self.url is not None):
+            which = "reward.fn" if self.fn is not None else "reward.url"
+            raise ConfigError(
+                f"reward.by_source and {which} both choose the verifier; {which} receives each "
+                "row's data_source in its metadata and can route by it: drop reward.by_source"
+            )
+        for source, name in self.by_source.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(
+                    f"reward.by_source.{source}={name!r} is not a reward's name; name a "
+                    f"registered reward, e.g. reward.by_source.{source}=math_verify"
                 )
         non_negative("reward.url_retries", self.url_retries)
         positive("reward.timeout_s", self.timeout_s)

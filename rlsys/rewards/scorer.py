@@ -10,6 +10,7 @@ from rlsys.config.reward import RewardConfig
 from rlsys.rewards.judge import JudgeReward
 from rlsys.rewards.registry import RewardFn, build_reward
 from rlsys.rewards.remote import RemoteReward
+from rlsys.rewards.routing import SourceRouter
 from rlsys.rewards.scoring import (
     RewardCall,
     RewardOutcome,
@@ -51,6 +52,12 @@ def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Componen
         )
     else:
         verifier = build_reward(task_reward, cfg)
+        if cfg.by_source:
+            routes = {
+                source: build_reward(name, cfg, f"reward.by_source.{source}")
+                for source, name in cfg.by_source.items()
+            }
+            verifier = SourceRouter(verifier, routes)
     components = [Component(verifier_name(task_reward, cfg), verifier, cfg.weight, True)]
     for name, weight in cfg.extra.items():
         components.append(

@@ -1,6 +1,7 @@
 """Datasets as users have them train as they are (issue 49): a verl-format parquet file and a
 Hugging Face ``datasets`` directory, each ``rlsys train task.name=file task.train_path=<it>``
-with no conversion step, 2 steps through real actors."""
+with no conversion step, 2 steps through real actors; the verl file's ``data_source`` picks the
+reward (``reward.by_source``)."""
 
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ def verl_rows() -> list[dict]:
     ]
 
 
-def _train_two_steps(tmp_path, path) -> None:
+def _train_two_steps(tmp_path, path, *overrides: str) -> list[dict]:
+    """The run's step metrics."""
     result = subprocess.run(
         [sys.executable, "-m", "rlsys.cli", "train", "task.name=file"]
         + [f"task.train_path={path}", "task.eval_size=16"]
         + ["task.max_new_tokens=8"]
         + TRAIN_OVERRIDES
-        + ["learner.world_size=1", f"run.output_dir={tmp_path}", "run.name=r"],
+        + ["learner.world_size=1", f"run.output_dir={tmp_path}", "run.name=r", *overrides],
         capture_output=True,
         text=True,
         timeout=600,
@@ -46,13 +48,23 @@ def _train_two_steps(tmp_path, path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["steps"] == 2
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if "rollout/reward_mean" in row]
 
 
 @pytest.mark.timeout(600)
 def test_two_steps_on_a_verl_parquet_file(tmp_path):
     path = tmp_path / "train.parquet"
     pd.DataFrame(verl_rows()).to_parquet(path)
-    _train_two_steps(tmp_path, path)
+    # its rows' data_source routes them to the format reward, here 1 for any reply: the
+    # untrained model's replies, which exact_match (task.reward) scores about 0, all score 1
+    steps = _train_two_steps(
+        tmp_path,
+        path,
+        "+reward.by_source.arithmetic=format",
+        "reward.format_pattern='(?s).*'",
+    )
+    assert [step["rollout/reward_mean"] for step in steps] == [1.0, 1.0]
 
 
 @pytest.mark.timeout(600)

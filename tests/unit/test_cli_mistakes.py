@@ -37,6 +37,10 @@ def test_added_keys_under_free_form_sections_still_go_in():
     assert cfg.launcher.kuberay.env == {"A": 1}
     assert cfg.reward.extra == {"length": 0.5}
     assert load_config(["++learner.world_size=1"]).learner.world_size == 1
+    # a key of a free-form section needs no `+` (it was refused as unknown before)
+    cfg = load_config(["reward.by_source.gsm8k=gsm8k", "launcher.kuberay.env.B=x"])
+    assert cfg.reward.by_source == {"gsm8k": "gsm8k"}
+    assert cfg.launcher.kuberay.env == {"B": "x"}
 
 
 def test_flags_are_taken_anywhere_among_the_overrides(capsys):
