@@ -91,8 +91,23 @@ class JudgeConfig:
     endpoint (vLLM's server, a hosted API); its score, the verdict's number over ``max_score``
     in [0, 1], is added to the total with ``weight`` (rlsys/rewards/judge.py)."""
 
-    url: str | None = None  # the API's base URL, e.g. http://127.0.0.1:8000/v1 (None: no judge)
+    # The API's base URL, e.g. http://127.0.0.1:8000/v1; several, comma-separated, share the
+    # requests round-robin (None: no judge, unless model_path starts one)
+    url: str | None = None
     model: str = "judge"  # the model name the endpoint serves
+    # A judge the run serves itself (instead of url): an HF directory, hub id or rlsys model
+    # path (gguf:smollm2-135m-instruct) on num_workers rlsys engines behind OpenAI-compatible
+    # endpoints (rlsys/rewards/judge_pool.py)
+    model_path: str | None = None
+    engine: str = "hf"  # the served judge's engine: hf | vllm
+    dtype: str = "float32"  # the served judge's weights
+    num_workers: int = 1  # servers of the served judge
+    num_cpus: float = 1.0  # per server (also its torch threads)
+    num_gpus: float = 0.0  # per server
+    # The start of the judge's reply, sent as a last assistant message the judge continues
+    # (vLLM's continue_final_message); the verdict is looked for in it + the reply. "SCORE: "
+    # makes a small judge answer with a number.
+    prefill: str = ""
     api_key_env: str | None = "OPENAI_API_KEY"  # sent as a Bearer token where it is set
     weight: float = 1.0  # weight of the judge's score in the total reward
     # The user message; {prompt}, {completion} and {answer} (the row's answer, "" if none)
@@ -111,11 +126,23 @@ class JudgeConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
+        for url in self.urls():
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"reward.judge.url={self.url!r}: {url!r} is not an http:// or https:// URL; "
+                    "give the OpenAI-compatible API's base, e.g. "
+                    "reward.judge.url=http://127.0.0.1:8000/v1"
+                )
+        if self.url is not None and self.model_path is not None:
             raise ConfigError(
-                f"reward.judge.url={self.url!r} is not an http:// or https:// URL; give the "
-                "OpenAI-compatible API's base, e.g. reward.judge.url=http://127.0.0.1:8000/v1"
+                f"reward.judge.url={self.url!r} and reward.judge.model_path="
+                f"{self.model_path!r} both say where the judge is; set one of them"
             )
+        one_of("reward.judge.engine", self.engine, ("hf", "vllm"))
+        one_of("reward.judge.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        positive("reward.judge.num_workers", self.num_workers)
+        positive("reward.judge.num_cpus", self.num_cpus)
+        non_negative("reward.judge.num_gpus", self.num_gpus)
         for key in ("max_score", "max_tokens", "concurrency", "timeout_s"):
             positive(f"reward.judge.{key}", getattr(self, key))
         non_negative("reward.judge.retries", self.retries)
@@ -137,6 +164,15 @@ class JudgeConfig:
                 f"reward.judge.verdict_pattern={self.verdict_pattern!r} has no group; capture "
                 "the verdict's number in group 1, e.g. score:\\s*(\\d+)"
             )
+
+    def urls(self) -> list[str]:
+        """The endpoints of ``url`` (none where it is unset)."""
+        return [u.strip() for u in (self.url or "").split(",") if u.strip()]
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run scores with a judge (an endpoint or one it serves)."""
+        return self.url is not None or self.model_path is not None
 
 
 @dataclass

@@ -109,6 +109,7 @@ class Placement:
     critic: ActorResources | None
     reward: ActorResources | None = None  # one reward worker (reward.num_workers > 0)
     reward_model: ActorResources | None = None  # one rank of a reward model (reward.model)
+    judge: ActorResources | None = None  # one server of a judge the run serves (reward.judge)
     slot_pools: tuple[SlotPool, ...] = ()  # the GPU placement groups (created as used)
 
     def release(self) -> None:
@@ -230,6 +231,17 @@ def pool_specs(cfg: TrainConfig, roles: Roles) -> list[PoolSpec]:
                 cfg.reward.model.num_gpus,
                 "reward.model.paths x reward.model.world_size",
                 "reward.model.num_cpus",
+            )
+        )
+    if roles.rewards and cfg.reward.judge.model_path is not None:
+        pools.append(
+            PoolSpec(
+                "judge",
+                cfg.reward.judge.num_workers,
+                cfg.reward.judge.num_cpus,
+                cfg.reward.judge.num_gpus,
+                "reward.judge.num_workers",
+                "reward.judge.num_cpus",
             )
         )
     return pools
@@ -383,7 +395,8 @@ def check_fits(
             raise ConfigError(
                 f"the colocated pools ask Ray for {shared:g} CPUs and the reward pools for "
                 f"{asked - shared:g} more, {asked:g} in all, but it has {total_cpus:g}; lower "
-                "reward.num_cpus_per_worker / reward.model.num_cpus (fractions such as 0.25 "
+                "reward.num_cpus_per_worker / reward.model.num_cpus / reward.judge.num_cpus "
+                "(fractions such as 0.25 "
                 "are allowed) or the colocated pools' CPUs (rollout.num_cpus_per_worker, "
                 "learner.num_cpus_per_rank), or, on a local Ray, give it more logical CPUs "
                 "with cluster.num_cpus (the colocated pools take turns on the cores)"
@@ -429,5 +442,6 @@ def plan_placement(
         critic=resources(pools["critic"]) if roles.critic else None,
         reward=resources(pools["reward"]) if "reward" in pools else None,
         reward_model=resources(pools["reward_model"]) if "reward_model" in pools else None,
+        judge=resources(pools["judge"]) if "judge" in pools else None,
         slot_pools=tuple(slot_pools.values()),
     )

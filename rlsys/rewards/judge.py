@@ -1,9 +1,11 @@
 """LLM-as-judge (``reward.judge``): each completion is graded by a judge model through an
-OpenAI-compatible ``/chat/completions`` endpoint (vLLM's server, a hosted API).
+OpenAI-compatible ``/chat/completions`` endpoint (vLLM's server, a hosted API, or the run's own
+judge servers: ``reward.judge.model_path``, rlsys/rewards/judge_pool.py).
 
 The rubric (``reward.judge.rubric``) is filled with the prompt, the completion and the row's
 answer and sent as one user message; the first match of ``verdict_pattern`` in the reply is the
-verdict, divided by ``max_score`` and clipped to [0, 1]. A reply with no verdict, an error
+verdict (looked for in ``prefill`` + the reply, where the judge was asked to continue a reply
+begun with ``prefill``), divided by ``max_score`` and clipped to [0, 1]. A reply with no verdict, an error
 answer or no answer within ``timeout_s`` (retries included, ``rlsys.rewards.http``) scores 0
 and counts one error; the run goes on. Requests run ``concurrency`` at a time, and an
 identical (prompt, completion, answer) is judged once per process (``cache``)."""
@@ -11,6 +13,7 @@ identical (prompt, completion, answer) is judged once per process (``cache``).""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +30,8 @@ class JudgeReward:
     def __init__(self, cfg: JudgeConfig):
         self.cfg = cfg
         self.batch_size, self.timeout_s = cfg.concurrency, cfg.timeout_s
-        self.endpoint = cfg.url.rstrip("/") + "/chat/completions"
+        self.endpoints = [url.rstrip("/") + "/chat/completions" for url in cfg.urls()]
+        self._turn = itertools.count()  # requests go round-robin over the endpoints
         self.verdict = re.compile(cfg.verdict_pattern)
         self._cache: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -52,7 +56,7 @@ class JudgeReward:
             )
         except RewardHTTPError as exc:
             return RewardOutcome(0.0, False, f"judge: {exc}")
-        match = self.verdict.search(reply)
+        match = self.verdict.search(self.cfg.prefill + reply)
         if match is None:
             return RewardOutcome(0.0, False, f"judge: no verdict in {short_text(reply)}")
         score = min(max(float(match.group(1)) / self.cfg.max_score, 0.0), 1.0)
@@ -62,20 +66,25 @@ class JudgeReward:
         return _scored(score)
 
     def _ask(self, content: str) -> str:
-        payload = {
-            **self.cfg.extra_body,
-            "model": self.cfg.model,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": self.cfg.max_tokens,
-            "temperature": self.cfg.temperature,
-        }
         cfg = self.cfg
-        answer = post_json(self.endpoint, payload, cfg.timeout_s, cfg.retries, cfg.api_key_env)
+        messages = [{"role": "user", "content": content}]
+        payload = {**cfg.extra_body}
+        if cfg.prefill:  # the judge continues a reply begun for it
+            messages.append({"role": "assistant", "content": cfg.prefill})
+            payload.update(continue_final_message=True, add_generation_prompt=False)
+        payload.update(
+            model=cfg.model,
+            messages=messages,
+            max_tokens=cfg.max_tokens,
+            temperature=cfg.temperature,
+        )
+        endpoint = self.endpoints[next(self._turn) % len(self.endpoints)]
+        answer = post_json(endpoint, payload, cfg.timeout_s, cfg.retries, cfg.api_key_env)
         try:
             return str(answer["choices"][0]["message"]["content"] or "")
         except (KeyError, IndexError, TypeError):
             raise RewardHTTPError(
-                f"{self.endpoint}: not a chat completion ({short_text(answer)})"
+                f"{endpoint}: not a chat completion ({short_text(answer)})"
             ) from None
 
 

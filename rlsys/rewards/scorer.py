@@ -70,7 +70,7 @@ def components_from_config(task_reward: str, cfg: RewardConfig) -> list[Componen
                 f"reward.args.{name}: {name} is not a reward of this run (its rewards are "
                 f"{sorted(built)}); name one of them, or add {name} to reward.extra"
             )
-    if cfg.judge.url:
+    if cfg.judge.url:  # a judge the run serves has its URL set once its pool is up
         components.append(Component("judge", JudgeReward(cfg.judge), cfg.judge.weight))
     return components
 

@@ -1,6 +1,6 @@
 """What a run scores with: the rule-based rewards (in this process, or on reward worker
 actors with ``reward.num_workers`` > 0) plus the reward models of ``reward.model.paths``
-on their own actors."""
+on their own actors, and the judge servers of ``reward.judge.model_path``."""
 
 from __future__ import annotations
 
@@ -23,9 +23,15 @@ class RewardService:
         worker_resources: ActorResources | None = None,
         chat: bool = False,
         model_resources: ActorResources | None = None,
+        judge_resources: ActorResources | None = None,
     ) -> None:
-        self.pool = self.models = None
+        self.pool = self.models = self.judges = None
         try:
+            if cfg.judge.model_path is not None:
+                from rlsys.rewards.judge_pool import JudgePool
+
+                self.judges = JudgePool(cfg.judge, judge_resources or ActorResources(1.0, 0.0, 1))
+                cfg = dataclasses.replace(cfg, judge=self.judges.judge_config())
             model = []
             if cfg.model.paths:
                 from rlsys.rewards.model import RewardModelScorer
@@ -56,6 +62,6 @@ class RewardService:
         return merge(*parts) if len(parts) > 1 else parts[0]
 
     def shutdown(self) -> None:
-        for part in (self.pool, self.models):
+        for part in (self.pool, self.models, self.judges):
             if part is not None:
                 part.shutdown()

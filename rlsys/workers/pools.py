@@ -255,6 +255,7 @@ def start_pools(
             placement.reward,
             cfg.task.chat_template,
             placement.reward_model,
+            placement.judge,
         )
     try:
         up = _start_at_once(
