@@ -153,11 +153,15 @@ def _dict_fields(node: DictConfig, prefix: str = "") -> list[str]:
 
 
 def _open_dicts(overrides: list[str]) -> list[str]:
-    """``key={a:1}`` -> ``++key={a:1}`` for the schema's dict fields: Hydra merges a dict
-    override into the field, and struct mode refuses keys the default lacks; ``++`` lets the
-    user's keys in (their values are still type-checked)."""
+    """``key={a:1}`` (or one entry, ``key.a=1``) -> ``++key...`` for the schema's dict fields:
+    Hydra merges a dict override into the field, and struct mode refuses keys the default
+    lacks; ``++`` lets the user's keys in (their values are still type-checked)."""
     fields = set(_dict_fields(OmegaConf.structured(TrainConfig)))
-    return [f"++{o}" if o.split("=", 1)[0] in fields else o for o in overrides]
+
+    def opens(key: str) -> bool:
+        return any(key == f or key.startswith(f + ".") for f in fields)
+
+    return [f"++{o}" if opens(o.split("=", 1)[0]) else o for o in overrides]
 
 
 # What a YAML file may expand to, in nodes, once its aliases are followed: far above any
