@@ -215,7 +215,13 @@ def rloo_advantages(rewards: np.ndarray) -> np.ndarray:
     return (rewards - others).astype(np.float32)
 
 
-def gpg_advantages(rewards: np.ndarray) -> np.ndarray:
+# algorithm.advantage_args.batch_scale of gpg: the paper's alpha, or verl's
+GPG_BATCH_SCALES = ("paper", "verl")
+
+
+def gpg_advantages(
+    rewards: np.ndarray, batch_scale: str = "paper", groups: np.ndarray | None = None
+) -> np.ndarray:
     """Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement
     Learning Baseline for Model Reasoning"): group-centred rewards scaled by the paper's
     gradient correction.
@@ -225,20 +231,50 @@ def gpg_advantages(rewards: np.ndarray) -> np.ndarray:
     the token-mean normaliser of the loss, so without alpha the gradient of the informative
     groups would shrink by (B - M) / B; alpha undoes that without dropping the groups. With
     ``filter_uniform_groups`` on, M = 0 and this is Dr.GRPO's advantage. rewards: (G, n) of
-    the whole batch (alpha is a batch statistic); every group uniform gives all zeros.
+    the whole batch (alpha is a batch statistic), or (B,) with ``groups`` (B,) each sample's
+    group id, for groups of unequal size (verl's layout; the estimator passes (G, n)). Every
+    group uniform gives all zeros; a group of one ties with itself (M counts it, advantage 0).
+
+    ``batch_scale="verl"`` is verl's form (``compute_gpg_outcome_advantage``, 0.9):
+    ``alpha = B / max(1, number of non-zero rewards)``, and a group of one is centred on 0,
+    not on its own reward (its advantage is ``alpha * r``). With 0/1 rewards verl's
+    denominator counts the correct samples, the paper's the samples of groups with both
+    outcomes, so the scales differ on almost every batch.
 
     Departures: the paper's optional division by the group's reward std (its F_norm = std)
     is left out, F_norm = 1 always (``grpo`` is the std-normalised form); a tie is exact
-    equality of the rewards the estimator sees (after overlong shaping).
+    equality of the rewards the estimator sees (after overlong shaping; under ``verl`` too,
+    where verl's counted scores also hold a KL reward penalty); a tied group of two or more
+    gets exactly 0 (floats' mean of equal values may differ in the last bit).
     """
+    if batch_scale not in GPG_BATCH_SCALES:
+        raise ValueError(
+            f"algorithm.advantage_args.batch_scale={batch_scale!r} is not one of "
+            f"{GPG_BATCH_SCALES}; set paper (the default) or verl"
+        )
     rewards = np.asarray(rewards, dtype=np.float64)
-    uniform = rewards.max(axis=1) == rewards.min(axis=1)
-    centred = rewards - rewards.mean(axis=1, keepdims=True)
-    centred[uniform] = 0.0  # exactly: the mean of n equal floats may differ in the last bit
-    total = rewards.size
-    tied = int(uniform.sum()) * rewards.shape[1]
-    alpha = total / (total - tied) if tied < total else 1.0
-    return (alpha * centred).astype(np.float32)
+    flat = rewards.reshape(-1)
+    if groups is None:
+        ids = np.repeat(np.arange(rewards.shape[0]), rewards.shape[1])
+    elif np.shape(groups) != flat.shape:
+        raise ValueError(f"{np.shape(groups)} group ids for {flat.shape} rewards; give one each")
+    else:
+        ids = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+    count = np.bincount(ids)
+    mean = np.bincount(ids, flat) / count
+    high, low = np.full(len(count), -np.inf), np.full(len(count), np.inf)
+    np.maximum.at(high, ids, flat)
+    np.minimum.at(low, ids, flat)
+    tied = high == low
+    if batch_scale == "verl":
+        mean[count == 1] = 0.0
+        tied &= count > 1
+        alpha = flat.size / max(1, int(np.count_nonzero(flat)))
+    else:
+        informative = flat.size - int(count[tied].sum())
+        alpha = flat.size / informative if informative else 1.0
+    centred = np.where(tied[ids], 0.0, flat - mean[ids])
+    return (alpha * centred).reshape(rewards.shape).astype(np.float32)
 
 
 def opo_advantages(rewards: np.ndarray, lengths: np.ndarray) -> np.ndarray:

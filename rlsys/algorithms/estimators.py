@@ -109,6 +109,23 @@ class GroupNormSettings(DiscountSettings):
 
 
 @dataclass(frozen=True)
+class GpgSettings(DiscountSettings):
+    """GPG's batch scale alpha: ``paper`` (B / (B - samples in tied groups), Chu et al. 2025)
+    or ``verl`` (B / non-zero rewards, a group of one centred on 0: verl's form, for parity
+    with runs made there). ``advantages.gpg_advantages`` has both formulas."""
+
+    batch_scale: str = setting("paper")  # set through algorithm.advantage_args.batch_scale
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_scale not in A.GPG_BATCH_SCALES:
+            raise ConfigError(
+                f"{_ARGS}batch_scale={self.batch_scale!r} is not one of {A.GPG_BATCH_SCALES}: "
+                "paper is the GPG paper's alpha (the default), verl is verl's"
+            )
+
+
+@dataclass(frozen=True)
 class PassAtKSettings(DiscountSettings):
     """pass@k's k (1 <= k < rollout.n_samples; 1 is GRPO with the population std)."""
 
@@ -198,9 +215,9 @@ def rloo(x: AdvantageInputs, s: DiscountSettings) -> Advantages:
     return _per_token(x, A.rloo_advantages(_groups(x)), s.gamma)
 
 
-@ADVANTAGES.register("gpg", settings=DiscountSettings, group=True)
-def gpg(x: AdvantageInputs, s: DiscountSettings) -> Advantages:
-    return _per_token(x, A.gpg_advantages(_groups(x)), s.gamma)
+@ADVANTAGES.register("gpg", settings=GpgSettings, group=True)
+def gpg(x: AdvantageInputs, s: GpgSettings) -> Advantages:
+    return _per_token(x, A.gpg_advantages(_groups(x), s.batch_scale), s.gamma)
 
 
 @ADVANTAGES.register("opo", settings=DiscountSettings, group=True)

@@ -4,11 +4,13 @@ A registered loss is ``(PolicyLossInputs, settings) -> (per_token_loss, metrics)
 inputs are a micro-batch's tensors only, the settings a frozen dataclass of that loss's own
 knobs (``rlsys.algorithms.settings``), built once per run from the flat ``algorithm.*`` keys
 the presets use and from ``algorithm.policy_loss_args``. The formulas are the pure functions
-of ``rlsys.algorithms.losses`` (papers and departures in their docstrings).
+of ``rlsys.algorithms.losses`` and ``divergence_losses`` (papers and departures in their
+docstrings).
 
-Traits: ``ratio`` (an importance ratio against old_logprobs: the loss stays right over
-several optimizer steps per batch and on stale samples), ``dual_clip`` (honours
-algorithm.dual_clip). Torch is not imported here (a config resolves without it).
+Traits: ``ratio`` (an importance ratio against old_logprobs, or another anchor to it: the
+loss stays right over several optimizer steps per batch and on stale samples),
+``dual_clip`` (honours algorithm.dual_clip). Torch is not imported here (a config resolves
+without it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlsys.algorithms.divergence_losses import dppo_kl_loss, dppo_tv_loss, dro_loss
 from rlsys.algorithms.losses import (
     Metrics,
     cispo_loss,
@@ -142,6 +145,49 @@ class KLCovSettings:
         non_negative(_ARGS + "coef", self.coef)
 
 
+@dataclass(frozen=True)
+class DppoTVSettings:
+    """DPPO-Binary-TV's trust region: a token is masked once ``pi - pi_old`` passes
+    ``delta_high`` (A > 0) or ``-delta_low`` (A <= 0); ``ratio_cap`` truncates its importance
+    weight. Set through ``algorithm.policy_loss_args`` (no flat keys: these are probability
+    shifts, not ratio ranges)."""
+
+    delta_low: float = setting(0.15)  # verl's DPPO example: 0.15 for binary TV
+    delta_high: float = setting(0.15)
+    # verl's function falls back to 20 (its example run: 1e4, in effect none); the paper
+    # warns a small cap biases the update (its section 5.4)
+    ratio_cap: float = setting(20.0)
+
+    def __post_init__(self) -> None:
+        positive(_ARGS + "delta_low", self.delta_low)
+        positive(_ARGS + "delta_high", self.delta_high)
+        if self.ratio_cap < 1:
+            raise ConfigError(
+                f"{_ARGS}ratio_cap={self.ratio_cap} must be >= 1 (a cap on the importance "
+                "weight; 20 is the default, larger truncates less)"
+            )
+
+
+@dataclass(frozen=True)
+class DppoKLSettings(DppoTVSettings):
+    """DPPO-Binary-KL's trust region: bounds on the binary KL of the sampled token, per
+    direction (``delta_low`` for A <= 0, ``delta_high`` for A > 0)."""
+
+    delta_low: float = setting(0.05)  # verl's DPPO example: 0.05 for binary KL
+    delta_high: float = setting(0.05)
+
+
+@dataclass(frozen=True)
+class DroSettings:
+    """DRO's weight of the quadratic log-ratio penalty (the paper's tau; verl's dro_beta)."""
+
+    # verl has no default (it refuses to run without one); 0.05 is a starting point, untuned
+    beta: float = setting(0.05)
+
+    def __post_init__(self) -> None:
+        positive(_ARGS + "beta", self.beta)
+
+
 # Values from the flat keys were checked with the config (naming those keys): a failure here
 # comes from algorithm.policy_loss_args.
 _ARGS = "algorithm.policy_loss_args."
@@ -225,3 +271,23 @@ def kl_cov(x: PolicyLossInputs, s: KLCovSettings) -> tuple[torch.Tensor, Metrics
 @POLICY_LOSSES.register("vanilla")
 def vanilla(x: PolicyLossInputs, s: NoSettings) -> tuple[torch.Tensor, Metrics]:
     return policy_gradient_loss(x.logprobs, x.advantages)
+
+
+@POLICY_LOSSES.register("dppo_tv", settings=DppoTVSettings, ratio=True)
+def dppo_tv(x: PolicyLossInputs, s: DppoTVSettings) -> tuple[torch.Tensor, Metrics]:
+    args = (s.delta_low, s.delta_high, s.ratio_cap)
+    return dppo_tv_loss(x.logprobs, x.old_logprobs, x.advantages, *args)
+
+
+@POLICY_LOSSES.register("dppo_kl", settings=DppoKLSettings, ratio=True)
+def dppo_kl(x: PolicyLossInputs, s: DppoKLSettings) -> tuple[torch.Tensor, Metrics]:
+    args = (s.delta_low, s.delta_high, s.ratio_cap)
+    return dppo_kl_loss(x.logprobs, x.old_logprobs, x.advantages, *args)
+
+
+# ratio=True: no importance ratio, but the penalty anchors each step to old_logprobs, and DRO
+# is an off-policy objective by design (its paper trains offline): several optimizer steps per
+# batch and stale samples are its intended use.
+@POLICY_LOSSES.register("dro", settings=DroSettings, ratio=True)
+def dro(x: PolicyLossInputs, s: DroSettings) -> tuple[torch.Tensor, Metrics]:
+    return dro_loss(x.logprobs, x.old_logprobs, x.advantages, s.beta)

@@ -17,11 +17,12 @@ class AlgorithmConfig:
 
     The presets in conf/algorithm/ set these together (ppo, grpo, dr_grpo, dapo, gspo, rloo,
     gpg, opo, pass_at_k, gigpo, reinforce_pp, reinforce_pp_baseline, remax, cispo, gmpo, sapo,
-    clip_cov, kl_cov); docs/algorithms.md says what each one is.
+    clip_cov, kl_cov, dppo_tv, dppo_kl, dro); docs/algorithms.md says what each one is.
     """
 
     name: str = "grpo"  # label for logs and presets
-    # grpo | dr_grpo | rloo | gpg (r - mean, x B / (B - tied samples)) | opo (r - length-weighted
+    # grpo | dr_grpo | rloo | gpg (r - mean, x B / (B - tied samples); advantage_args
+    # batch_scale=verl: x B / non-zero rewards) | opo (r - length-weighted
     # group mean) | pass_at_k | treepo (tree rollouts: sub-tree averages) | treerl (tree
     # rollouts: one advantage per segment) | gigpo (multi-turn: episode + step groups of equal
     # states) | reinforce_pp | reinforce_pp_baseline | remax | gae (starts a critic)
@@ -42,7 +43,9 @@ class AlgorithmConfig:
     # ppo_clip | gspo (sequence-level ratio) | vanilla (REINFORCE) | cispo (clipped, detached
     # importance weight) | gmpo (geometric mean of token ratios) | sapo (soft sigmoid gate) |
     # clip_cov / kl_cov (PPO with high-covariance tokens detached / unclipped with a KL
-    # penalty on them, against entropy collapse)
+    # penalty on them, against entropy collapse) | dppo_tv / dppo_kl (a mask on the binary TV /
+    # KL of the sampled token instead of the ratio clip) | dro (policy gradient plus a
+    # quadratic log-ratio penalty); the last three take their settings from policy_loss_args
     policy_loss: str = "ppo_clip"
     # ratio clip (low side); GSPO uses ~3e-4 (a sequence-level ratio); cispo clips the weight
     # (>= 1: no lower bound); gmpo reads clip_eps / clip_eps_high as log-ratio bounds (0.4)

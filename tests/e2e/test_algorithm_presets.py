@@ -31,6 +31,8 @@ EXPECTED = {
     "gmpo": ["train/clip_frac"],
     "clip_cov": ["train/clip_frac", "train/cov_selected"],
     "kl_cov": ["train/cov_selected"],
+    "dppo_tv": ["train/clip_frac"],
+    "dppo_kl": ["train/clip_frac"],
 }
 
 
@@ -49,6 +51,9 @@ DOCUMENTED = [
     "sapo",
     "clip_cov",
     "kl_cov",
+    "dppo_tv",
+    "dppo_kl",
+    "dro",
     "gpg",
     "opo",
     "pass_at_k",
@@ -73,6 +78,9 @@ LOSS_VARIANTS = {
     "sapo",
     "clip_cov",
     "kl_cov",
+    "dppo_tv",
+    "dppo_kl",
+    "dro",
     "gpg",
     "opo",
     "pass_at_k",

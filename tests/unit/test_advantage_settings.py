@@ -15,6 +15,7 @@ from rlsys.algorithms.estimators import (
     DiscountSettings,
     GaeSettings,
     GigpoSettings,
+    GpgSettings,
     GroupNormSettings,
     PassAtKSettings,
     advantage_settings,
@@ -45,6 +46,7 @@ def test_every_builtin_estimator_registers_its_settings():
     expected = {
         "gae": GaeSettings,
         "gigpo": GigpoSettings,
+        "gpg": GpgSettings,
         "grpo": GroupNormSettings,
         "treepo": GroupNormSettings,
         "treerl": GroupNormSettings,

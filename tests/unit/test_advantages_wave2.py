@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from rlsys.algorithms import advantages as A
-from rlsys.algorithms.estimators import ADVANTAGES, AdvantageInputs, DiscountSettings
+from rlsys.algorithms.estimators import (
+    ADVANTAGES,
+    AdvantageInputs,
+    DiscountSettings,
+    GpgSettings,
+)
 from rlsys.algorithms.kl import KL_ESTIMATORS, kl_estimate
 from rlsys.algorithms.losses import aggregate, loss_weights
 from rlsys.algorithms.recipe import Recipe
@@ -69,7 +74,7 @@ def test_gpg_keeps_the_token_mean_gradient_of_informative_groups():
 def test_gpg_estimator_broadcasts_over_trained_tokens():
     mask = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]], np.float32)
     out = ADVANTAGES.get("gpg")(
-        AdvantageInputs(np.array([1.0, 0.0, 1.0, 1.0]), mask, 2), DiscountSettings()
+        AdvantageInputs(np.array([1.0, 0.0, 1.0, 1.0]), mask, 2), GpgSettings()
     )
     # group 0: +-0.5; group 1 tied; alpha = 4 / 2 = 2 -> +-1
     np.testing.assert_allclose(out.advantages, [[1, 1, 0], [-1, 0, 0], [0, 0, 0], [0, 0, 0]])
