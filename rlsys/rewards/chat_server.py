@@ -187,11 +187,14 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self, status: int, body: dict) -> None:
             data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting
+                log.debug("chat server: client left before its answer")
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") == "/v1/models":
