@@ -1,10 +1,10 @@
 """``reward.judge``: an LLM judge through a real OpenAI-compatible server on this machine
 (vLLM's, on the CPU stack, serving the built-in tiny model): verdicts parsed (forced into the
 rubric's format with vLLM's structured outputs, since a random tiny model writes no verdict on
-its own), a reply with no verdict counted as an error, identical requests judged once, and 2
-training steps scored by the judge and by a ``reward.url`` service (tests/e2e/
-reward_service.py, its first batch answered 503) together: one run for both, as CI's
-minutes are counted."""
+its own), a reply with no verdict counted as an error, identical requests judged once; and 2
+training steps scored by a judge the run serves itself and by a ``reward.url`` service
+(tests/e2e/reward_service.py, its first batch answered 503) together: one run for both, as
+CI's minutes are counted."""
 
 from __future__ import annotations
 
@@ -90,14 +90,18 @@ def test_a_reply_without_a_verdict_scores_zero_with_an_error(judge_url):
     assert outcome.reward == 0.0 and "HTTP 404" in outcome.error
 
 
-def test_two_training_steps_scored_by_the_judge_and_a_reward_service(judge_url, service, tmp_path):
+def test_two_training_steps_scored_by_a_served_judge_and_a_reward_service(
+    tiny_model_dir, service, tmp_path
+):
+    """The judge here is one the run serves itself (``reward.judge.model_path``: an rlsys HF
+    engine behind the same OpenAI-compatible API), the random built-in model with its verdict
+    prefilled (``reward.judge.prefill``): a request that failed or a reply the judge did not
+    continue would score 0 with an error, where every reply must get the prefilled 7 of 10."""
     result = subprocess.run(
         [sys.executable, "-m", "rlsys.cli", "train", *TRAIN_OVERRIDES]
-        + ["learner.world_size=1", f"reward.url={service}/score", f"reward.judge.url={judge_url}"]
-        + [
-            "reward.judge.max_tokens=8",
-            "+reward.judge.extra_body.structured_outputs.regex='SCORE: (10|[0-9])'",
-        ]
+        + ["learner.world_size=1", f"reward.url={service}/score"]
+        + [f"reward.judge.model_path={tiny_model_dir}", "reward.judge.num_cpus=0.5"]
+        + ["reward.judge.prefill='SCORE: 7\n'", "reward.judge.max_tokens=2"]
         + [f"run.output_dir={tmp_path}", "run.name=r"],
         capture_output=True,
         text=True,
@@ -109,7 +113,7 @@ def test_two_training_steps_scored_by_the_judge_and_a_reward_service(judge_url, 
     train = [s for s in map(json.loads, lines) if "reward/judge" in s]
     assert len(train) == 2
     for step in train:
-        assert 0.0 <= step["reward/judge"] <= 1.0
+        assert step["reward/judge"] == pytest.approx(0.7)
         assert 0.25 <= step["reward/remote"] <= 1.0  # only the service's two values
         assert step["rollout/reward_errors"] == 0  # the 503 was retried, not counted
     assert Service.failed_once and sum(Service.seen) >= 2 * 8 * 4
