@@ -168,7 +168,7 @@ def _roofline_lines(fig: dict, step_mean: float) -> str:
         lines.append(line)
     if "decode_bw_frac" in fig:
         lines.append(
-            f"decode reads weights at {fig['decode_bw_frac']:.1%} of the measured "
+            f"decode reads weights at {fig['decode_bw_frac']:.2%} of the measured "
             f"{fig['copy_gbps']:.1f} GB/s copy bandwidth"
         )
     if "floor_s" in fig:
