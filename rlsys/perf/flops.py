@@ -15,8 +15,11 @@ families: three d x intermediate matrices.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -54,6 +57,19 @@ class ModelShape:
             intermediate=text.intermediate_size,
             vocab=text.vocab_size,
         )
+
+    @classmethod
+    def from_path(cls, model_path: str) -> ModelShape:
+        """From a model directory's config.json (a VL model's ``text_config`` over its top
+        level); without one, through ``transformers.AutoConfig``. The file is read directly:
+        AutoConfig's first call costs seconds of imports on a 2-core CPU."""
+        file = Path(model_path) / "config.json"
+        if not file.is_file():
+            from transformers import AutoConfig
+
+            return cls.from_config(AutoConfig.from_pretrained(model_path))
+        raw = json.loads(file.read_text())
+        return cls.from_config(SimpleNamespace(**{**raw, **(raw.get("text_config") or {})}))
 
     @property
     def body_params(self) -> int:

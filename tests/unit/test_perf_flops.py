@@ -3,6 +3,8 @@ tiny Llama, and checked against the parameters of the model the config builds.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import LlamaConfig
 
@@ -82,3 +84,15 @@ def test_a_config_without_the_fields_is_refused():
 
     with pytest.raises(ValueError, match="intermediate_size"):
         ModelShape.from_config(PretrainedConfig(hidden_size=8))
+
+
+def test_shape_from_a_model_directory(tmp_path):
+    LlamaConfig(**TINY).save_pretrained(tmp_path / "llama")
+    assert ModelShape.from_path(str(tmp_path / "llama")) == ModelShape.from_config(
+        LlamaConfig(**TINY)
+    )
+    # a VL model's text sizes under text_config win over its top level
+    vl = tmp_path / "vl"
+    vl.mkdir()
+    (vl / "config.json").write_text(json.dumps({"vocab_size": 7, "text_config": TINY}))
+    assert ModelShape.from_path(str(vl)).body_params == N

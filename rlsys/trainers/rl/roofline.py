@@ -10,7 +10,6 @@ the learner's compute dtype (``LearnerGroup.machine_peak``).
 from __future__ import annotations
 
 import numpy as np
-from transformers import AutoConfig
 
 from rlsys.config.schema import TrainConfig
 from rlsys.perf.flops import ModelShape, decode_weight_bytes, forward_flops
@@ -45,7 +44,7 @@ class Roofline:
     def for_run(cls, cfg: TrainConfig, pools) -> Roofline:
         """The policy's shape and the learner ranks' peak in their compute dtype (measured
         now, before the rollout loops start competing for the machine)."""
-        shape = ModelShape.from_config(AutoConfig.from_pretrained(pools.rollout.model_path))
+        shape = ModelShape.from_path(pools.rollout.model_path)
         dtype = cfg.learner.mixed_precision or cfg.model.dtype
         return cls(
             shape,
