@@ -42,7 +42,8 @@ sync to the engines (TRL generates with the model it trains); rlsys's own evalua
 aggregation is each side's default (rlsys token mean, TRL ``dapo``): the same token-level
 work. ``--async-row`` adds rlsys with ``buffer.max_staleness=1`` (one-step-off generation; the
 learner and the engine then run at once, so each gets half the cores: ``ASYNC``), labelled
-as such: TRL's GRPOTrainer is synchronous.
+as such: TRL's GRPOTrainer is synchronous. It prints the CPU line (model, AMX) first, and
+each rlsys run's median MFU (``perf/mfu``: docs/roofline.md) beside its seconds per step.
 """
 
 from __future__ import annotations
@@ -193,7 +194,9 @@ def run_rlsys(work: Workload, steps: int, warmup: int, extra: list[str], tmp: Pa
     ]
     seconds = [r["perf/step_s"] - r.get("time/eval", 0.0) for r in records]
     tokens = [r.get("rollout/response_tokens", 0.0) for r in records]
-    return _figures(seconds, tokens, warmup, wall)
+    mfu = [r["perf/mfu"] for r in records[warmup:] if "perf/mfu" in r]  # docs/roofline.md
+    figures = _figures(seconds, tokens, warmup, wall)
+    return {**figures, "mfu": statistics.median(mfu)} if mfu else figures
 
 
 def run_trl(python: Path, spec: dict, warmup: int, tmp: Path) -> dict:
@@ -265,6 +268,9 @@ def main() -> int:
 
     venv = args.peer_venv or cache_dir() / "peer" / PEER_PINS[0].replace("==", "-")
     python = peer_python(venv)
+    from rlsys.perf.machine import cpu_info
+
+    print(cpu_info().line(), flush=True)
     records = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -326,10 +332,11 @@ def _pairs(name: str, precision: str, work: Workload, systems: dict, pairs: int)
                 **result,
             }
             records.append(record)
+            mfu = f"  MFU {result['mfu']:.1%}" if "mfu" in result else ""
             print(
                 f"{name:8s} {precision} pair {pair} {system:13s} "
                 f"{result['s_per_step']:7.3f} s/step {record['samples_per_s']:7.1f} samples/s  "
-                f"{result['completion_tokens']:5.1f} tokens  load {load:.2f}",
+                f"{result['completion_tokens']:5.1f} tokens  load {load:.2f}{mfu}",
                 flush=True,
             )
     return records

@@ -7,7 +7,10 @@ reference, learner logprobs, train, weight sync), the mean and spread of its sec
 overhead: step time minus the sum of the stages (queues, Ray calls, batching, bookkeeping); run
 it synchronous (the default ``buffer.max_staleness=0``) for the stages to add up. It also
 prints the bytes a weight sync sends and the peak resident memory of the learner ranks and
-rollout engines (read from /proc: local Ray only). By default
+rollout engines (read from /proc: local Ray only), the CPU, and the step's roofline
+(docs/roofline.md): the learner's TFLOP/s and MFU against the matmul peak its ranks measured
+in their compute dtype (and a GPU's published peak), the engines' share of the measured copy
+bandwidth while decoding, the step's floor (its work at those peaks) and step / floor. By default
 it starts from the untrained built-in model with group filtering off, so every step trains
 (stage costs do not depend on accuracy). ``--json PATH`` writes the figures as a list of records.
 """
@@ -125,8 +128,56 @@ def main() -> int:
         f"learner rank {memory['learner_peak_rss_gib']:.2f} GiB, "
         f"engine {memory['engine_peak_rss_gib']:.2f} GiB (largest of each)"
     )
+    roofline = _roofline(records)
+    for row in rows:
+        row.update(roofline)
+    print(_roofline_lines(roofline, step_mean))
     write_records(args.json_path, rows)
     return 0
+
+
+ROOFLINE = ["perf/learner_tflops", "perf/mfu", "perf/mfu_published", "perf/decode_bw_frac"]
+FLOORS = ["learner", "reference", "generation", "weight_sync"]
+
+
+def _roofline(records: list[dict]) -> dict:
+    """The measured steps' mean roofline figures (``rlsys.trainers.rl.roofline``), the
+    machine's peaks and the CPU."""
+    from rlsys.perf.machine import cpu_info
+
+    keys = ROOFLINE + [f"perf/floor_{s}_s" for s in FLOORS]
+    keys += ["perf/floor_s", "perf/step_over_floor", "perf/peak_tflops", "perf/copy_gbps"]
+    out: dict = {"cpu": cpu_info().line().removeprefix("CPU: ")}
+    for key in keys:
+        values = [r[key] for r in records if key in r]
+        if values:
+            out[key.removeprefix("perf/")] = statistics.mean(values)
+    return out
+
+
+def _roofline_lines(fig: dict, step_mean: float) -> str:
+    """The roofline block of the report (figures a run could not measure are left out)."""
+    lines = [f"CPU: {fig['cpu']}"]
+    if "learner_tflops" in fig:
+        line = (
+            f"learner {fig['learner_tflops']:.4f} TFLOP/s, MFU {fig['mfu']:.1%} of the "
+            f"measured {fig['peak_tflops']:.3f} TFLOP/s peak"
+        )
+        if "mfu_published" in fig:
+            line += f", {fig['mfu_published']:.1%} of the published peak"
+        lines.append(line)
+    if "decode_bw_frac" in fig:
+        lines.append(
+            f"decode reads weights at {fig['decode_bw_frac']:.2%} of the measured "
+            f"{fig['copy_gbps']:.1f} GB/s copy bandwidth"
+        )
+    if "floor_s" in fig:
+        parts = ", ".join(f"{s} {fig.get(f'floor_{s}_s', 0.0):.4f}" for s in FLOORS)
+        lines.append(
+            f"floor {fig['floor_s']:.4f} s ({parts}); step {step_mean:.4f} s = "
+            f"{step_mean / fig['floor_s']:.1f}x the floor"
+        )
+    return "\n".join(lines)
 
 
 def _peak_memory(pools) -> dict[str, float]:

@@ -47,7 +47,6 @@ sys.path.insert(0, str(ROOT))  # rlsys from this checkout
 CHECKS = ["ray", "placement", "sync", "qwen_shape", "deepspeed", "grpo", "compiled"]
 CPU_SKIPS = {"deepspeed", "compiled"}
 # dense bf16 tensor-core peaks (TFLOP/s, no sparsity), by a name fragment of the device
-BF16_PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}
 QWEN25_05B = {  # Qwen2.5-0.5B's config.json, the fields that set its shape
     "vocab_size": 151936,
     "hidden_size": 896,
@@ -288,26 +287,16 @@ def check_sync(ctx: Context) -> dict:
     }
 
 
-def _model_flops_per_token(config, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x the matmul parameters (layers and LM head) plus causal
-    attention's 6 x layers x hidden x seq_len (forward and backward of QK^T and AV, halved for
-    the mask), as in the PaLM paper's MFU."""
-    h, layers = config.hidden_size, config.num_hidden_layers
-    heads, kv = config.num_attention_heads, config.num_key_value_heads
-    head_dim = h // heads
-    attn = h * heads * head_dim + 2 * h * kv * head_dim + heads * head_dim * h
-    mlp = 3 * h * config.intermediate_size
-    matmul = layers * (attn + mlp) + config.vocab_size * h
-    return 6 * matmul + 6 * layers * h * seq_len
-
-
 def _peak_tflops() -> tuple[str | None, float | None]:
+    """The GPU's name and its published dense bf16 peak (``rlsys.perf.machine``)."""
     import torch
+
+    from rlsys.perf.machine import published_tflops
 
     if not torch.cuda.is_available():
         return None, None
     name = torch.cuda.get_device_name(0)
-    return name, next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
+    return name, published_tflops(name, "bfloat16")
 
 
 def check_qwen_shape(ctx: Context) -> dict:
@@ -315,6 +304,7 @@ def check_qwen_shape(ctx: Context) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from rlsys.perf.flops import ModelShape, training_flops
     from rlsys.placement.resources import Roles
     from rlsys.types import SamplingParams
     from rlsys.workers.pools import start_pools
@@ -345,8 +335,8 @@ def check_qwen_shape(ctx: Context) -> dict:
         ]
     )
     pools = ctx.pools = start_pools(cfg, str(path), Roles())
-    per_token = _model_flops_per_token(config, 0)  # 6 x the matmul parameters
-    figures: dict = {"model": path.name, "matmul_params": per_token // 6}
+    dims = ModelShape.from_config(config)  # FLOPs: rlsys/perf/flops.py, docs/roofline.md
+    figures: dict = {"model": path.name, "matmul_params": dims.body_params + dims.head_params}
     steps = []
     for step in range(4 if not ctx.cpu else 2):
         t0 = time.perf_counter()
@@ -355,7 +345,8 @@ def check_qwen_shape(ctx: Context) -> dict:
     measured = steps[1:]  # the first step warms up (allocator, kernels)
     tokens = rows * (prompt + response)
     step_s = statistics.median(measured)
-    flops = _model_flops_per_token(config, prompt + response) * tokens / step_s
+    # one epoch: a forward and backward over every row, the LM head on response positions
+    flops = training_flops(dims, [prompt + response] * rows, rows * response) / step_s
     name, peak = _peak_tflops()
     figures.update(
         learner_step_s=[round(s, 3) for s in measured],

@@ -198,12 +198,13 @@ class Pipeline:
     def _busy(self) -> dict[str, float]:
         return {
             "rollout": sum(loop.read_busy() for loop in self._every_rollout),
+            "decode_steps": sum(loop.decode_steps for loop in self._every_rollout),
             "scoring": self.scoring.read_busy(),
         }
 
     def pool_metrics(self) -> dict[str, float]:
         """Since the previous call: seconds busy generating (mean over rollout workers) and
-        scoring, and each pool's idle fraction."""
+        scoring, decode steps (``RolloutLoop.decode_steps``), and each pool's idle fraction."""
         now, busy = time.perf_counter(), self._busy()
         then, before = self._mark
         self._mark = (now, busy)
@@ -212,6 +213,8 @@ class Pipeline:
         scoring = busy["scoring"] - before["scoring"]
         return {
             "time/generation": generation,
+            # summed over workers (each reads its own weights): perf/decode_bw_frac
+            "rollout/decode_steps": busy["decode_steps"] - before["decode_steps"],
             "time/scoring": scoring,
             "pool/rollout_idle_frac": _clip01(1 - generation / wall),
             "pool/scoring_idle_frac": _clip01(1 - scoring / wall),

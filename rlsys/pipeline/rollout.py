@@ -87,6 +87,8 @@ class RolloutLoop(Loop):
         self.end_ids = end_ids  # tokens that end a reply (EOS, rollout.stop_token_ids)
         self.calls = 0  # generation calls made (each gets its own seed)
         self.continued = 0  # samples continued after an abort
+        # decode steps at least: each call's longest reply (a batch decodes a token a step)
+        self.decode_steps = 0
         self.retiring = threading.Event()  # set: finish the current request, then end
 
     def run(self) -> None:
@@ -175,9 +177,11 @@ class RolloutLoop(Loop):
                 with self.busy():
                     seed = self.seed + self.calls
                     extra = () if images is None else (images,)  # text-only: 5 arguments
-                    return self.generate_on(
-                        self.worker, prompt_ids, sampling, seed, budgets, *extra
+                    out = self.generate_on(self.worker, prompt_ids, sampling, seed, budgets, *extra)
+                    self.decode_steps += max(
+                        (len(c.token_ids) for group in out or [] for c in group), default=0
                     )
+                    return out
             except Exception as exc:  # noqa: BLE001 - replace_worker decides what is fatal
                 failure = exc
             finally:

@@ -56,6 +56,13 @@ class LearnerWorker:
 
         return os.getpid()
 
+    def machine_peak(self, dtype: str):
+        """This rank's measured matmul peak in ``dtype`` and copy bandwidth, with its
+        threads (``rlsys.perf.machine.measure``: once per process)."""
+        from rlsys.perf.machine import measure
+
+        return measure(dtype, self.device_type)
+
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the process-group rendezvous."""
         return ray.util.get_node_ip_address(), _free_port()
@@ -349,6 +356,21 @@ class LearnerGroup:
     def devices(self) -> list[dict]:
         """Every rank's GPUs and device (``LearnerWorker.devices``)."""
         return ray.get([w.devices.remote() for w in self.workers])
+
+    def machine_peak(self, dtype: str):
+        """The ranks' roofline in ``dtype``: each rank measures at once, as it trains, and
+        the peaks and bandwidths add up (``rlsys.perf.machine.MachinePeak``)."""
+        import dataclasses
+
+        peaks = ray.get(self._each("machine_peak", dtype))
+        published = [p.published_tflops for p in peaks]
+        return dataclasses.replace(
+            peaks[0],
+            threads=sum(p.threads for p in peaks),
+            matmul_tflops=sum(p.matmul_tflops for p in peaks),
+            copy_gbps=sum(p.copy_gbps for p in peaks),
+            published_tflops=None if None in published else sum(published),
+        )
 
     def set_lr(self, lr: float, decay_steps: int | None = None) -> None:
         """Peak learning rate, and the optimizer steps a cosine schedule decays over."""

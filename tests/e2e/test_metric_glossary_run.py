@@ -38,6 +38,11 @@ def test_every_key_of_a_run_is_in_the_glossary(run_controller, glossary, tmp_pat
     keys = {k for r in records for k in r} - {"step", "time"}
     for key in ("critic/loss", "train/kl_ref", "train/dual_clipped", "time/rollout_worker_1"):
         assert key in keys, key
+    # the rooflines (docs/roofline.md): a step trained, generated and has a floor
+    for key in ("perf/mfu", "perf/decode_bw_frac", "perf/floor_s", "perf/floor_reference_s"):
+        assert key in keys, key
+    trained = [r for r in records if "perf/mfu" in r]
+    assert all(r["perf/mfu"] > 0 and r["perf/step_over_floor"] > 1 for r in trained), trained
     missing = sorted(k for k in keys if not glossary.covers(k))
     assert not missing, f"add these keys to docs/metrics.md: {missing}"
 

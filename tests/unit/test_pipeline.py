@@ -196,6 +196,10 @@ def test_without_partial_rollouts_requests_finish_on_their_weights():
         pipeline.stop()
     assert pipeline.samples_continued == 0
     assert buffer.accounting()["balanced"]
+    # each call decoded its longest reply: MAX_NEW tokens, less in a call the stop aborted
+    steps = pipeline.pool_metrics()["rollout/decode_steps"]
+    assert (engines.calls - 1) * MAX_NEW <= steps <= engines.calls * MAX_NEW
+    assert steps >= 3 * MAX_NEW  # the three batches trained on were decoded in full
 
 
 def test_stopping_mid_run_counts_in_flight_samples_as_unused():

@@ -60,6 +60,7 @@ from rlsys.trainers.rl.handover import MemoryHandover
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.rollout_metrics import rollout_metrics
+from rlsys.trainers.rl.roofline import Roofline
 from rlsys.trainers.rl.run_summary import run_summary
 from rlsys.trainers.rl.sample_metrics import sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan, live_check
@@ -150,6 +151,7 @@ class Controller:
             cfg, pools, self.state, self.recovery, self.updates.set_learning_rates
         )
         self.updates.set_learning_rates()
+        self.roofline = Roofline.for_run(cfg, pools) if cfg.tracking.roofline else None
 
     def _fresh_parts(self) -> tuple[StreamingBuffer, PromptSampler, Pipeline]:
         """A run's fresh buffer, prompt sampler and pipeline of loops (for a new ``RunState``
@@ -234,7 +236,8 @@ class Controller:
         if hold:
             self.state.buffer.pause()
         self.state.buffer.step_done(self.state.version)
-        return perf_metrics(metrics, timer.seconds, time.perf_counter() - started)
+        metrics = perf_metrics(metrics, timer.seconds, time.perf_counter() - started)
+        return self.roofline.add(metrics) if self.roofline else metrics
 
     def _take_batch(self, step: int, timer: StageTimer) -> list[RolloutGroup] | None:
         """The next batch of groups the buffer releases (fewer with dynamic sampling), or None
@@ -291,6 +294,8 @@ class Controller:
         batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
         metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
         metrics["perf/padding_frac"] = float(1.0 - batch.attention_mask.mean())
+        if self.roofline:
+            self.roofline.observe(batch)
         with self.handover.engines_asleep(timer, metrics):
             if self.updates.needs_old_logprobs(batch):
                 with timer("learner_logprobs"):

@@ -1,0 +1,95 @@
+"""A step's rooflines as ``perf/*`` metrics: the learner's achieved TFLOP/s and MFU, the
+engines' share of memory bandwidth while decoding, and the step's floor (docs/roofline.md).
+
+FLOPs are counted from the policy's config (``rlsys.perf.flops``) on the batch's real
+tokens, the LM head on its response tokens (padding the learner computes counts as waste,
+see ``perf/padding_frac``). The peak is the learner ranks' own, measured once at start in
+the learner's compute dtype (``LearnerGroup.machine_peak``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlsys.config.schema import TrainConfig
+from rlsys.perf.flops import ModelShape, decode_weight_bytes, forward_flops
+from rlsys.perf.machine import MachinePeak
+from rlsys.perf.roofline import StepWork, floor_seconds
+from rlsys.types import TrainBatch
+
+
+class Roofline:
+    """Turns a step's batch, stage times and decode steps into ``perf/*`` rooflines."""
+
+    def __init__(
+        self,
+        shape: ModelShape,
+        peak: MachinePeak,
+        decode_bytes_per_step: int,
+        train_passes: int,
+        reference: bool,
+        train_forwards: int = 3,
+    ) -> None:
+        self.shape, self.peak = shape, peak
+        self.decode_bytes_per_step = decode_bytes_per_step  # weights read by one decode step
+        self.train_passes = train_passes  # forward + backward passes over the batch a step
+        self.reference = reference  # a reference model runs a forward over the batch
+        # forwards' worth of FLOPs in one training pass: 3 (the backward is twice the
+        # forward); 2 with LoRA (no weight gradients for the frozen weights)
+        self.train_forwards = train_forwards
+        self._lengths: list[int] = []  # (B,) real tokens per row of the step's batch
+        self._responses = 0  # response tokens: where the LM head is needed
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, pools) -> Roofline:
+        """The policy's shape and the learner ranks' peak in their compute dtype (measured
+        now, before the rollout loops start competing for the machine)."""
+        shape = ModelShape.from_path(pools.rollout.model_path)
+        dtype = cfg.learner.mixed_precision or cfg.model.dtype
+        return cls(
+            shape,
+            pools.learner.machine_peak(dtype),
+            decode_weight_bytes(shape, pools.rollout.dtype),
+            cfg.learner.ppo_epochs,
+            cfg.algorithm.uses_reference,
+            train_forwards=2 if cfg.model.lora.enabled else 3,
+        )
+
+    def observe(self, batch: TrainBatch) -> None:
+        """The step's learner batch."""
+        self._lengths = [int(n) for n in np.asarray(batch.attention_mask).sum(1)]
+        self._responses = int((np.asarray(batch.loss_mask) > 0).sum())
+
+    def add(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``metrics`` (with ``time/*`` and ``perf/step_s``) plus the step's rooflines."""
+        forward = forward_flops(self.shape, self._lengths, self._responses)
+        self._lengths, self._responses = [], 0
+        learner_s = metrics.get("time/train", 0.0) + metrics.get("time/learner_logprobs", 0.0)
+        passes = self.train_forwards * self.train_passes * ("time/train" in metrics)
+        passes += "time/learner_logprobs" in metrics  # a forward pass
+        work = StepWork(
+            learner_flops=passes * forward,
+            reference_flops=forward if self.reference else 0.0,
+            generation_flops=forward,  # the kept samples' prompts and replies, once
+            decode_bytes=self.decode_bytes_per_step * metrics.get("rollout/decode_steps", 0),
+            sync_bytes=metrics.get("perf/weight_sync_bytes", 0.0),
+        )
+        out = dict(metrics)
+        if learner_s > 0 and work.learner_flops > 0:
+            tflops = work.learner_flops / learner_s / 1e12
+            out["perf/learner_tflops"] = tflops
+            out["perf/mfu"] = tflops / self.peak.matmul_tflops
+            if self.peak.published_tflops:
+                out["perf/mfu_published"] = tflops / self.peak.published_tflops
+        generation_s = metrics.get("time/generation", 0.0)
+        if generation_s > 0 and work.decode_bytes > 0:
+            achieved = work.decode_bytes / generation_s / 1e9
+            out["perf/decode_bw_frac"] = achieved / self.peak.copy_gbps
+        floors = floor_seconds(work, self.peak)
+        out.update({f"perf/floor_{stage}_s": s for stage, s in floors.items() if stage != "step"})
+        out["perf/floor_s"] = floors["step"]
+        if floors["step"] > 0:
+            out["perf/step_over_floor"] = metrics["perf/step_s"] / floors["step"]
+        out["perf/peak_tflops"] = self.peak.matmul_tflops
+        out["perf/copy_gbps"] = self.peak.copy_gbps
+        return out

@@ -1,0 +1,105 @@
+"""The machine's measured roofline (rlsys.perf.machine), the step floor from it
+(rlsys.perf.roofline) and the controller's perf/* metrics (rlsys.trainers.rl.roofline)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from rlsys.perf.flops import ModelShape, forward_flops
+from rlsys.perf.machine import MachinePeak, copy_gbps, cpu_info, matmul_tflops, published_tflops
+from rlsys.perf.roofline import StepWork, floor_seconds
+from rlsys.trainers.rl.roofline import Roofline
+from rlsys.types import TrainBatch
+
+PEAK = MachinePeak("test", "float32", 1, matmul_tflops=2.0, copy_gbps=10.0)
+TINY = LlamaConfig(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=100,
+)
+
+
+def test_measured_peaks_are_positive_and_finite():
+    # small sizes to keep the test fast; a run measures at matmul_tflops' and copy_gbps'
+    # defaults (rlsys.perf.machine.measure, exercised by every training run)
+    cpu = torch.device("cpu")
+    for dtype in ("float32", "bfloat16"):
+        tflops = matmul_tflops(dtype, cpu, size=256)
+        assert tflops > 0 and math.isfinite(tflops)
+    gbps = copy_gbps(cpu, 8 << 20)
+    assert gbps > 0 and math.isfinite(gbps)
+    with pytest.raises(ValueError, match="int8"):
+        matmul_tflops("int8", cpu, size=8)
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    text = "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu avx512_bf16 amx_bf16\n"
+    (tmp_path / "cpuinfo").write_text(text)
+    cpu = cpu_info(str(tmp_path / "cpuinfo"))
+    assert (cpu.model, cpu.amx, cpu.avx512_bf16) == ("Test CPU 9000", True, True)
+    assert cpu.line().startswith("CPU: Test CPU 9000, ") and "AMX yes" in cpu.line()
+    (tmp_path / "plain").write_text("model name\t: Old\nflags\t\t: fpu sse2\n")
+    assert not cpu_info(str(tmp_path / "plain")).amx
+
+
+def test_published_peaks_by_name_and_dtype():
+    assert published_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4
+    assert published_tflops("NVIDIA A100-SXM4-80GB", "float32") == 19.5
+    assert published_tflops("AMD EPYC", "bfloat16") is None
+
+
+def test_floor_is_each_stage_at_its_bound():
+    work = StepWork(
+        learner_flops=4e12,  # 2 s at 2 TFLOP/s
+        reference_flops=1e12,  # 0.5 s
+        generation_flops=1e12,  # 0.5 s of compute, but 20 GB of weights read: 2 s
+        decode_bytes=20e9,
+        sync_bytes=5e9,  # read and written: 10 GB at 10 GB/s, 1 s
+    )
+    floors = floor_seconds(work, PEAK)
+    assert floors == pytest.approx(
+        {"learner": 2.0, "reference": 0.5, "generation": 2.0, "weight_sync": 1.0, "step": 5.5}
+    )
+
+
+def test_controller_roofline_metrics():
+    shape = ModelShape.from_config(TINY)
+    roofline = Roofline(shape, PEAK, decode_bytes_per_step=1000, train_passes=2, reference=False)
+    # two rows: 3 and 5 real tokens, 4 response targets in all
+    attention = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    loss = np.array([[0, 0, 1, 1], [0, 0, 1, 1]], dtype=np.float32)
+    batch = TrainBatch(
+        input_ids=np.ones((2, 5), dtype=np.int64),
+        attention_mask=attention,
+        loss_mask=loss,
+        behaviour_logprobs=np.zeros((2, 4), dtype=np.float32),
+    )
+    roofline.observe(batch)
+    metrics = {
+        "time/train": 0.5,
+        "time/learner_logprobs": 0.5,
+        "time/generation": 2.0,
+        "rollout/decode_steps": 40,
+        "perf/step_s": 10.0,
+    }
+    out = roofline.add(metrics)
+    forward = forward_flops(shape, [3, 5], 4)
+    learner = (2 * 3 + 1) * forward  # two training passes and the log-probability forward
+    assert out["perf/learner_tflops"] == pytest.approx(learner / 1.0 / 1e12)
+    assert out["perf/mfu"] == pytest.approx(learner / 1e12 / 2.0)
+    # 40 steps x 1000 bytes in 2 s = 20 kB/s of 10 GB/s
+    assert out["perf/decode_bw_frac"] == pytest.approx(40 * 1000 / 2.0 / 10e9)
+    floor = learner / 2e12 + max(forward / 2e12, 40 * 1000 / 10e9)
+    assert out["perf/floor_s"] == pytest.approx(floor)
+    assert out["perf/step_over_floor"] == pytest.approx(10.0 / floor)
+    assert "perf/mfu_published" not in out  # a CPU has no data-sheet peak here
+    # a step without a batch: no learner figures
+    assert "perf/mfu" not in roofline.add({"perf/step_s": 1.0})
