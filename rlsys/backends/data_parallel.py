@@ -118,3 +118,24 @@ def _expand(groups: np.ndarray, group: int) -> np.ndarray:
     if group == 1:
         return groups
     return (groups[:, None] * group + np.arange(group)).reshape(-1)
+
+
+def padding_fraction(
+    attention_mask: np.ndarray, world_size: int, micro: int, packed: bool
+) -> float:
+    """Share of the positions a forward pass over the batch computes that are padding: of
+    its rows x padded length, or packed (``learner.packing``) of its packed micro-batches,
+    each as many packed rows as it has x its longest packed row (``micro`` rows a
+    micro-batch at most, ``world_size`` ranks; empty micro-batches left out)."""
+    real = float(attention_mask.sum())
+    if not packed:
+        return 1.0 - real / max(attention_mask.size, 1)
+    lengths = attention_mask.sum(-1)
+    computed = 0.0
+    for rank in range(world_size):
+        plan = packed_forward_plan(lengths, attention_mask.shape[1], world_size, rank, micro)
+        for rows, packed_row in plan:
+            if len(rows):
+                fill = np.bincount(packed_row, weights=lengths[rows])
+                computed += len(fill) * float(fill.max())
+    return 1.0 - real / max(computed, 1.0)

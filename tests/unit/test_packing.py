@@ -13,7 +13,7 @@ import torch.distributed as dist
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.policy_losses import ClipSettings
 from rlsys.backends import build_backend
-from rlsys.backends.data_parallel import packed_forward_plan, train_plan
+from rlsys.backends.data_parallel import packed_forward_plan, padding_fraction, train_plan
 from rlsys.backends.packing import first_fit_decreasing
 from rlsys.config.learner import LearnerConfig, OptimConfig
 from rlsys.data.collate import pack
@@ -48,6 +48,18 @@ def test_packed_forward_plan_keeps_the_data_parallel_rules():
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(again, plans[1], strict=True))
     # rank 0 needs two packed rows (6 + 6 > 10), rank 1 one: it gets an empty micro-batch
     assert [r.size for r, _ in packed_forward_plan(np.array([6, 6, 4]), 10, 2, 1, 1)] == [1, 0]
+
+
+def test_padding_fraction_by_hand():
+    mask = np.zeros((3, 6), np.int64)
+    for row, (start, end) in enumerate([(1, 4), (0, 5), (4, 6)]):  # 3, 5 and 2 real tokens
+        mask[row, start:end] = 1
+    assert padding_fraction(mask, 1, 2, packed=False) == pytest.approx(1 - 10 / 18)
+    assert padding_fraction(mask, 1, 2, packed=True) == 0.0  # rows 5 | 3 + 2
+    # two ranks, micro 1: rank 0's rows (3, 5 tokens: 8 > 6) in two micro-batches, rank 1's
+    # (2) in one: nothing padded; micro 2: rank 0's two packed rows are 5 long (3 + 2 pads)
+    assert padding_fraction(mask, 2, 1, packed=True) == 0.0
+    assert padding_fraction(mask, 2, 2, packed=True) == pytest.approx(1 - 10 / 12)
 
 
 def test_packed_train_plan_keeps_pairs_and_token_counts():
