@@ -60,7 +60,10 @@ def _slices(
     if select is not None:
         flat = flat.index_select(0, select)
     step = max(1, slice_tokens or len(flat))
-    bounds = [slice(i, min(i + step, len(flat))) for i in range(0, len(flat), step)]
+    # no position at all (a packed micro-batch with nothing scored): one empty slice
+    bounds = [slice(i, min(i + step, len(flat))) for i in range(0, len(flat), step)] or [
+        slice(0, 0)
+    ]
 
     def run(part: torch.Tensor, rows: slice) -> torch.Tensor:
         return fn(head_forward(part), rows)
