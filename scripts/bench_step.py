@@ -86,6 +86,7 @@ def main() -> int:
         return [r.get(key, 0.0) for r in records]
 
     step_mean = statistics.mean(column("perf/step_s"))
+    padding = statistics.mean(column("perf/padding_frac"))  # learner.packing lowers it
     rows = []
     for stage in STAGES + ["overhead", "step"]:
         key = {"overhead": "overhead", "step": "perf/step_s"}.get(stage, f"time/{stage}")
@@ -103,6 +104,8 @@ def main() -> int:
                 "samples_per_step": cfg.data.batch_size * cfg.rollout.n_samples,
                 "cpus": os.cpu_count(),
                 "weight_sync_bytes": statistics.mean(column("perf/weight_sync_bytes")),
+                "padding_frac": padding,
+                "packing": cfg.learner.packing,
                 **memory,
             }
         )
@@ -121,7 +124,8 @@ def main() -> int:
     samples = cfg.data.batch_size * cfg.rollout.n_samples
     print(
         f"samples/s {samples / step_mean:.0f}, tokens/s "
-        f"{statistics.mean(column('perf/tokens_per_s')):.0f}"
+        f"{statistics.mean(column('perf/tokens_per_s')):.0f}, padding_frac {padding:.3f} "
+        f"(learner.packing={str(cfg.learner.packing).lower()})"
     )
     print(
         f"weight sync {rows[0]['weight_sync_bytes'] / 2**20:.2f} MiB a step; peak RSS: "

@@ -70,5 +70,6 @@ def build_backend(
         lora=lora,
         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
         logits_chunk_tokens=cfg.logits_chunk_tokens,
+        packing=cfg.packing,
         **extra,
     )

@@ -9,9 +9,11 @@ How large a micro-batch is comes from one place, ``micro_batch_rows``: at most
 ``learner.micro_batch_size`` rows and at most ``learner.max_tokens_per_micro_batch`` tokens
 (rows x the batch's padded length), at least one row; every pass (the train step and the
 forward-only passes: log-probabilities, values, scores, greedy tokens) of every backend cuts
-its rows with it. Rows are neither sorted by length nor packed: every row of a batch has its
-padded length, and a micro-batch's gradient is a sum the loss weights make independent of
-the cut, so only memory and speed depend on it, never the result.
+its rows with it. Unpacked (the default), every row of a batch has its padded length; with
+``learner.packing`` the rows' sequences are packed into rows of the padded length
+(``packing.py``), as many packed rows a micro-batch as there would be padded ones. A
+micro-batch's gradient is a sum the loss weights make independent of the cut, so only memory
+and speed depend on it, never the result.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlsys.backends.packing import packed_micro_batches
+
 
 @dataclass
 class MiniBatchPlan:
@@ -29,6 +33,8 @@ class MiniBatchPlan:
     micro_batches: list[np.ndarray]  # row indices per micro-batch (may be empty)
     global_tokens: float  # loss-mask tokens in this mini-batch over all ranks
     global_seqs: float  # sequences with a loss-mask token in this mini-batch over all ranks
+    # learner.packing: per micro-batch, the packed row of each of its rows (None: unpacked)
+    packed_rows: list[np.ndarray] | None = None
 
 
 def micro_batch_rows(max_rows: int, max_tokens: int | None, length: int) -> int:
@@ -50,6 +56,16 @@ def forward_plan(num_rows: int, world_size: int, rank: int, micro: int) -> list[
     return _equal_micro_batches(rank_rows, rank, micro)
 
 
+def packed_forward_plan(
+    lengths: np.ndarray, length: int, world_size: int, rank: int, micro: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``forward_plan`` packed (``learner.packing``): this rank's micro-batches as (rows,
+    packed row of each), at most ``micro`` packed rows of ``length`` tokens (the batch's
+    padded length) each. ``lengths``: each row's real tokens."""
+    rank_rows = np.array_split(np.arange(len(lengths)), world_size)
+    return packed_micro_batches([r[:, None] for r in rank_rows], lengths, length, micro, rank)
+
+
 def train_plan(
     loss_mask: np.ndarray,
     world_size: int,
@@ -58,6 +74,7 @@ def train_plan(
     micro: int,
     seed: int,
     group: int = 1,
+    lengths: np.ndarray | None = None,
 ) -> list[MiniBatchPlan]:
     """Shuffle rows, cut them into mini-batches, and give each rank its share of each.
 
@@ -66,6 +83,10 @@ def train_plan(
     micro-batches, which then hold ``max(1, micro // group)`` groups. Mini-batches without a
     loss token (more mini-batches than rows) are left out, so the backend never takes an
     optimizer step on nothing.
+
+    ``lengths`` (each row's real tokens; ``learner.packing``): micro-batches are packed, each
+    of at most ``max(1, micro // group)`` packed rows of ``group`` x the batch's padded length
+    tokens, and the plans carry ``packed_rows``.
     """
     rows = loss_mask.shape[0]
     if rows % group:
@@ -79,8 +100,16 @@ def train_plan(
             continue
         seqs = float((loss_mask[mini_rows].sum(-1) > 0).sum())
         rank_groups = np.array_split(np.sort(mini), world_size)
-        micro_groups = _equal_micro_batches(rank_groups, rank, max(1, micro // group))
-        plans.append(MiniBatchPlan([_expand(g, group) for g in micro_groups], tokens, seqs))
+        per_micro = max(1, micro // group)
+        if lengths is None:
+            micro_groups = _equal_micro_batches(rank_groups, rank, per_micro)
+            plans.append(MiniBatchPlan([_expand(g, group) for g in micro_groups], tokens, seqs))
+            continue
+        units = [_expand(g, group).reshape(-1, group) for g in rank_groups]
+        # a packed row holds a group's rows at their padded length, whatever they are
+        capacity = group * (loss_mask.shape[1] + 1)
+        packed = packed_micro_batches(units, lengths, capacity, per_micro, rank)
+        plans.append(MiniBatchPlan([m[0] for m in packed], tokens, seqs, [m[1] for m in packed]))
     return plans
 
 
@@ -89,3 +118,24 @@ def _expand(groups: np.ndarray, group: int) -> np.ndarray:
     if group == 1:
         return groups
     return (groups[:, None] * group + np.arange(group)).reshape(-1)
+
+
+def padding_fraction(
+    attention_mask: np.ndarray, world_size: int, micro: int, packed: bool
+) -> float:
+    """Share of the positions a forward pass over the batch computes that are padding: of
+    its rows x padded length, or packed (``learner.packing``) of its packed micro-batches,
+    each as many packed rows as it has x its longest packed row (``micro`` rows a
+    micro-batch at most, ``world_size`` ranks; empty micro-batches left out)."""
+    real = float(attention_mask.sum())
+    if not packed:
+        return 1.0 - real / max(attention_mask.size, 1)
+    lengths = attention_mask.sum(-1)
+    computed = 0.0
+    for rank in range(world_size):
+        plan = packed_forward_plan(lengths, attention_mask.shape[1], world_size, rank, micro)
+        for rows, packed_row in plan:
+            if len(rows):
+                fill = np.bincount(packed_row, weights=lengths[rows])
+                computed += len(fill) * float(fill.max())
+    return 1.0 - real / max(computed, 1.0)

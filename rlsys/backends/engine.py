@@ -27,11 +27,14 @@ import torch.distributed as dist
 from rlsys.backends import checkpoint as ckpt
 from rlsys.backends.data_parallel import micro_batch_rows
 from rlsys.backends.memory import MemorySettings
-from rlsys.backends.roles import MODEL_ROLES, ROLES
+from rlsys.backends.roles import MODEL_ROLES, ROLES, vision
 from rlsys.config.learner import OptimConfig
 from rlsys.config.schema import LoraConfig
 from rlsys.models import blocks, lora
 from rlsys.models.attention import use_fp32_attention
+from rlsys.models.logprobs import first_scored, token_logprobs
+from rlsys.models.packing import packed_token_logprobs, packed_token_values
+from rlsys.models.value import token_values
 from rlsys.models.vision import VISION_PREFIX, vision_inputs
 from rlsys.types import PromptPixels, TrainBatch
 
@@ -83,6 +86,7 @@ class BackendEngine(ABC):
         freeze_vision: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         logits_chunk_tokens: int | None = None,
+        packing: bool = False,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
@@ -94,6 +98,7 @@ class BackendEngine(ABC):
         self.micro = micro_batch_size  # rows per micro-batch at most
         self.micro_tokens = max_tokens_per_micro_batch  # rows x padded length at most (None: any)
         self.logits_chunk = logits_chunk_tokens  # positions per LM-head slice (None: all at once)
+        self.packing = packing  # micro-batches of packed sequences (rlsys/models/packing.py)
         self.temperature = temperature
         self.device = device
         self.mixed_precision = mixed_precision
@@ -222,7 +227,11 @@ class BackendEngine(ABC):
         stack.enter_context(lora.no_input_casts(self.module))
         return stack
 
-    def _tensors(self, batch: TrainBatch, rows: np.ndarray) -> dict[str, torch.Tensor]:
+    def _tensors(
+        self, batch: TrainBatch, rows: np.ndarray, packed_rows: np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The micro-batch ``rows``' tensors; with ``packed_rows`` (the packed row of each
+        row: ``learner.packing``) also those, as ``packed_row``."""
         dummy = len(rows) == 0  # keep collectives aligned: run row 0 with nothing trained
         rows = np.array([0]) if dummy else rows
         out = {
@@ -230,12 +239,20 @@ class BackendEngine(ABC):
             "attention_mask": torch.from_numpy(batch.attention_mask[rows]).to(self.device),
             "loss_mask": torch.from_numpy(batch.loss_mask[rows]).to(self.device),
         }
+        if packed_rows is not None:
+            packed = np.zeros(1, np.int64) if dummy else packed_rows
+            out["packed_row"] = torch.from_numpy(packed).to(self.device)
         if dummy:
             out["loss_mask"] = torch.zeros_like(out["loss_mask"])
         for name in _TENSOR_FIELDS:
             value = getattr(batch, name)
             if value is not None:
                 out[name] = torch.from_numpy(value[rows]).to(self.device)
+        if batch.pixel_values is not None and self.packing:
+            raise ValueError(
+                "learner.packing=true does not pack a vision-language model's rows (their "
+                "images and multimodal positions); set learner.packing=false"
+            )
         if batch.pixel_values is not None:  # a VL model: these rows' images, in row order
             pixels = [
                 None
@@ -250,3 +267,47 @@ class BackendEngine(ABC):
         """Rows per micro-batch of ``batch`` (see ``micro_batch_rows``): every pass cuts with
         this."""
         return micro_batch_rows(self.micro, self.micro_tokens, batch.input_ids.shape[1])
+
+    def _lengths(self, batch: TrainBatch) -> np.ndarray | None:
+        """Each row's real tokens when micro-batches are packed (``learner.packing``; the
+        policy and the critic, not a reward model), else None: what the plans take to pack."""
+        return batch.attention_mask.sum(-1) if self.packing and self.model_role.packs else None
+
+    def _token_logprobs(
+        self, t: dict[str, torch.Tensor], entropy: bool = False, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The policy's (B, T-1) log-probabilities (and entropies) of the micro-batch ``t``,
+        packed when it has ``packed_row``: the one call of every pass that needs them."""
+        first = first_scored(t["loss_mask"])
+        if "packed_row" in t:
+            return packed_token_logprobs(
+                self.model,
+                t["input_ids"],
+                t["attention_mask"],
+                t["packed_row"],
+                self.temperature,
+                first,
+                entropy,
+                entropy_grad,
+                self.logits_chunk,
+            )
+        return token_logprobs(
+            self.model,
+            t["input_ids"],
+            t["attention_mask"],
+            self.temperature,
+            first,
+            entropy=entropy,
+            entropy_grad=entropy_grad,
+            vision=vision(t),
+            slice_tokens=self.logits_chunk,
+        )
+
+    def _token_values(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The critic's (B, T-1) values of the micro-batch ``t``, packed when it has
+        ``packed_row``."""
+        if "packed_row" in t:
+            return packed_token_values(
+                self.model, t["input_ids"], t["attention_mask"], t["packed_row"]
+            )
+        return token_values(self.model, t["input_ids"], t["attention_mask"])

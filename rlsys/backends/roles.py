@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from rlsys.models.loading import load_model
-from rlsys.models.logprobs import first_scored, token_logprobs
 from rlsys.models.reward_model import load_reward_model
-from rlsys.models.value import load_score_model, load_value_model, sequence_scores, token_values
+from rlsys.models.value import load_score_model, load_value_model, sequence_scores
 from rlsys.models.vision import SUPPRESS_KEY
 
 if TYPE_CHECKING:
@@ -38,6 +37,7 @@ class ModelRole:
     hf_form: ClassVar[bool] = True  # save_hf can write it as a Hugging Face directory
     lora_heads: ClassVar[tuple[str, ...]] = ()  # trained in full under LoRA (name prefixes)
     padding_side: ClassVar[str | None] = None  # how its saved tokenizer pads (None: as loaded)
+    packs: ClassVar[bool] = False  # its passes take packed micro-batches (learner.packing)
 
     def load(self, path: str, dtype: str, trainable: bool) -> torch.nn.Module:
         """The model at ``path`` in ``dtype``, on the CPU (``trainable``: to be trained)."""
@@ -53,22 +53,13 @@ class PolicyRole(ModelRole):
     entropy."""
 
     name = "policy"
+    packs = True
 
     def load(self, path: str, dtype: str, trainable: bool) -> torch.nn.Module:
         return load_model(path, dtype)
 
     def outputs(self, backend: BackendEngine, t: Tensors, entropy_grad: bool) -> Tensors:
-        logprobs, entropy = token_logprobs(
-            backend.model,
-            t["input_ids"],
-            t["attention_mask"],
-            backend.temperature,
-            first_scored(t["loss_mask"]),
-            entropy=True,
-            entropy_grad=entropy_grad,
-            vision=vision(t),
-            slice_tokens=backend.logits_chunk,
-        )
+        logprobs, entropy = backend._token_logprobs(t, entropy=True, entropy_grad=entropy_grad)
         return {"logprobs": logprobs, "entropy": entropy}
 
 
@@ -78,13 +69,14 @@ class CriticRole(ModelRole):
 
     name = "value"
     lora = False
+    packs = True
     hf_form = False
 
     def load(self, path: str, dtype: str, trainable: bool) -> torch.nn.Module:
         return load_value_model(path, dtype)
 
     def outputs(self, backend: BackendEngine, t: Tensors, entropy_grad: bool) -> Tensors:
-        return {"values": token_values(backend.model, t["input_ids"], t["attention_mask"])}
+        return {"values": backend._token_values(t)}
 
 
 class RewardModelRole(ModelRole):

@@ -69,11 +69,13 @@ class TrainSteps(BackendEngine):
                 self._micro_rows(batch),
                 seed + epoch,
                 objective.rows_per_group,
+                self._lengths(batch),
             )
             for plan in plans:
                 self._zero_grad()
                 for i, rows in enumerate(plan.micro_batches):
-                    t = self._tensors(batch, rows)
+                    packed = None if plan.packed_rows is None else plan.packed_rows[i]
+                    t = self._tensors(batch, rows, packed)
                     with self._autocast():
                         out = self.model_role.outputs(self, t, objective.entropy_grad)
                     per_token, metrics = objective(out, t)

@@ -87,6 +87,16 @@ class LearnerConfig:
     # (B, T, V). 1024 positions x Qwen2.5's 152k vocabulary are 0.6 GB of fp32 logits; the
     # cost is one more head matmul per slice in backward. null: a micro-batch at once.
     logits_chunk_tokens: int | None = 1024
+    # Pack sequences (rlsys/models/packing.py): a micro-batch's rows are its sequences'
+    # real tokens concatenated, position ids restarting per sequence, attention kept within
+    # each (a block-diagonal causal mask; SDPA or eager attention, not flash-attention), up
+    # to the batch's padded length a packed row and as many packed rows a micro-batch as
+    # there would be padded rows (micro_batch_size, max_tokens_per_micro_batch). The policy's
+    # train and log-probability passes (the reference's too) and the critic's; not a reward
+    # model's, nor a vision-language model's (an error). Same log-probabilities, values, loss
+    # and gradients as unpacked up to float rounding; only speed and padding change
+    # (docs/learners.md has the figures).
+    packing: bool = False
     # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
     # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
     # gathered and run in bf16); one fsdp2 rank and deepspeed: forward passes under

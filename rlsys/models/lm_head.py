@@ -47,11 +47,23 @@ def output_head(model) -> torch.nn.Module | None:
     return get() if get is not None else None
 
 
-def _slices(head_forward, hidden: torch.Tensor, fn: SliceFn, slice_tokens: int | None):
-    """``fn`` over the head's logits of ``hidden`` (B, T, H), slice by slice: (B, T, k)."""
+def _slices(
+    head_forward,
+    hidden: torch.Tensor,
+    fn: SliceFn,
+    slice_tokens: int | None,
+    select: torch.Tensor | None = None,
+):
+    """``fn`` over the head's logits of ``hidden`` (B, T, H), slice by slice: (B, T, k); with
+    ``select`` (indices into the flattened B * T positions) of those positions only: (n, k)."""
     flat = hidden.reshape(-1, hidden.shape[-1])
+    if select is not None:
+        flat = flat.index_select(0, select)
     step = max(1, slice_tokens or len(flat))
-    bounds = [slice(i, min(i + step, len(flat))) for i in range(0, len(flat), step)]
+    # no position at all (a packed micro-batch with nothing scored): one empty slice
+    bounds = [slice(i, min(i + step, len(flat))) for i in range(0, len(flat), step)] or [
+        slice(0, 0)
+    ]
 
     def run(part: torch.Tensor, rows: slice) -> torch.Tensor:
         return fn(head_forward(part), rows)
@@ -61,22 +73,29 @@ def _slices(head_forward, hidden: torch.Tensor, fn: SliceFn, slice_tokens: int |
     else:
         parts = [checkpoint(run, flat[rows], rows, use_reentrant=False) for rows in bounds]
     out = torch.cat(parts) if len(parts) > 1 else parts[0]
-    return out.reshape(*hidden.shape[:-1], -1)
+    return out if select is not None else out.reshape(*hidden.shape[:-1], -1)
 
 
-def sliced_forward(model, fn: SliceFn, slice_tokens: int | None, **inputs) -> torch.Tensor:
+def sliced_forward(
+    model,
+    fn: SliceFn,
+    slice_tokens: int | None,
+    select: torch.Tensor | None = None,
+    **inputs,
+) -> torch.Tensor:
     """``model(**inputs)`` with the head's logits (B, T, V) reduced to ``fn``'s (B, T, k),
     ``slice_tokens`` positions at a time (None: all at once); the model's ``logits_to_keep``
-    still picks the positions."""
+    still picks the positions. ``select``: only these of the flattened B * T positions the
+    head is given, (n, k) (a packed micro-batch's scored tokens)."""
     head = output_head(model)
     if head is None or getattr(head, _WHOLE, False):
         logits = model(**inputs).logits
-        return _slices(lambda x: x, logits, fn, None)
+        return _slices(lambda x: x, logits, fn, None, select)
     plain = head.forward
     made: list[torch.Tensor] = []
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        made.append(_slices(plain, hidden, fn, slice_tokens))
+        made.append(_slices(plain, hidden, fn, slice_tokens, select))
         return made[-1]
 
     before = head.__dict__.get("forward")  # an instance's own forward, if it has one
@@ -99,4 +118,4 @@ def sliced_forward(model, fn: SliceFn, slice_tokens: int | None, **inputs) -> to
         type(model).__name__,
     )
     setattr(head, _WHOLE, True)
-    return sliced_forward(model, fn, slice_tokens, **inputs)
+    return sliced_forward(model, fn, slice_tokens, select, **inputs)

@@ -77,6 +77,27 @@ def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
+def logprob_slices(
+    targets: torch.Tensor, temperature: float, entropy: bool, with_grad: bool
+) -> SliceFn:
+    """The LM head's per-slice function for ``token_logprobs``: each position's log-probability
+    of its target (``targets``, (n, 1), one per position the head computes) and, with
+    ``entropy``, the entropy there (with a graph if ``with_grad``): (n, 1 or 2)."""
+
+    def per_slice(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        logits = logits.float()  # bf16 logits are cast up before the log-sum-exp
+        if temperature != 1.0:
+            logits = logits / temperature
+        lse = torch.logsumexp(logits, dim=-1)
+        out = [logits.gather(-1, targets[rows]).squeeze(-1) - lse]
+        if entropy:
+            with torch.set_grad_enabled(with_grad):
+                out.append(_entropy(logits, lse))
+        return torch.stack(out, -1)
+
+    return per_slice
+
+
 def token_logprobs(
     model,
     input_ids: torch.Tensor,
@@ -100,18 +121,7 @@ def token_logprobs(
     # the target of every computed position; the last one's (past the sequence) is dropped
     targets = F.pad(input_ids[:, first + 1 :], (0, 1)).reshape(-1, 1)
     with_grad = entropy_grad and torch.is_grad_enabled()
-
-    def per_slice(logits: torch.Tensor, rows: slice) -> torch.Tensor:
-        logits = logits.float()  # bf16 logits are cast up before the log-sum-exp
-        if temperature != 1.0:
-            logits = logits / temperature
-        lse = torch.logsumexp(logits, dim=-1)
-        out = [logits.gather(-1, targets[rows]).squeeze(-1) - lse]
-        if entropy:
-            with torch.set_grad_enabled(with_grad):
-                out.append(_entropy(logits, lse))
-        return torch.stack(out, -1)
-
+    per_slice = logprob_slices(targets, temperature, entropy, with_grad)
     stats = _head_outputs(model, input_ids, attention_mask, first, vision, per_slice, slice_tokens)
     logprobs = F.pad(stats[..., 0], (first, 0))
     if not entropy:

@@ -22,11 +22,18 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T) values; ``positions`` (packed rows, with a 4D ``attention_mask``): the
+        position ids, else counted over the mask's real tokens."""
         hidden = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids(attention_mask),
+            position_ids=position_ids(attention_mask) if positions is None else positions,
             use_cache=False,
         ).last_hidden_state
         # A fresh (B, T) tensor, not a view: FSDP2 hooks the root module's output for backward.

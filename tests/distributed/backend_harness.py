@@ -24,8 +24,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def toy_batch(model_dir: str, seed: int = 0, rows: int = 11):
-    """``rows`` arithmetic prompts with random responses, advantages and returns."""
+def toy_batch(model_dir: str, seed: int = 0, rows: int = 11, mixed: bool = False):
+    """``rows`` arithmetic prompts with random responses, advantages and returns; ``mixed``:
+    responses of 1 to 12 digits, so that rows pack 2-3 a packed row (learner.packing)."""
     from rlsys.models.loading import load_tokenizer
 
     tok = load_tokenizer(model_dir)
@@ -34,9 +35,16 @@ def toy_batch(model_dir: str, seed: int = 0, rows: int = 11):
         tok.encode(f"{a}+{b}=", add_special_tokens=False)
         for a, b in rng.integers(0, 100, (rows, 2))
     ]
+    digits = rng.integers(1, 13, rows) if mixed else None
     responses = [
-        tok.encode(str(rng.integers(0, 999)), add_special_tokens=False) + [tok.eos_token_id]
-        for _ in prompts
+        tok.encode(
+            "".join(map(str, rng.integers(0, 10, digits[i])))
+            if mixed
+            else str(rng.integers(0, 999)),
+            add_special_tokens=False,
+        )
+        + [tok.eos_token_id]
+        for i in range(len(prompts))
     ]
     batch = pack(prompts, responses, tok.pad_token_id)
     batch.old_logprobs = np.zeros_like(batch.loss_mask) - 3.0

@@ -12,6 +12,7 @@ from backend_harness import run_ranks, toy_batch
 
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
 from rlsys.algorithms.policy_losses import ClipSettings, SequenceClipSettings
+from rlsys.backends.data_parallel import packed_forward_plan
 from rlsys.config.learner import OptimConfig
 
 
@@ -22,9 +23,9 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu"):
     from rlsys.backends.fsdp import FSDP2Backend
     from rlsys.models.blocks import decoder_layers
 
-    batch = toy_batch(model_dir)
     out = {}
     for case in cases:
+        batch = toy_batch(model_dir, mixed=case in MIXED)
         objective, role = OBJECTIVES[case]
         backend = FSDP2Backend(
             model_dir,
@@ -36,6 +37,7 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu"):
             role=role,
             mixed_precision="bfloat16" if case == "ppo_bf16" else None,
             compile_layers=case == "ppo_compiled",
+            packing=case in PACKED,
         )
         forward = backend.forward_logprobs if role == "policy" else backend.forward_values
         rows, logprobs = forward(batch)
@@ -96,10 +98,18 @@ OBJECTIVES = {
         PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)),
         "policy",
     ),  # learner.compile=true
+    # learner.packing=true on 2 ranks against unpacked on one, on rows of mixed lengths
+    "ppo_packed": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
+    "ppo_mixed": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
+    "critic_packed": (ValueObjective(clip=0.2), "value"),
+    "critic_mixed": (ValueObjective(clip=0.2), "value"),
 }
 SINGLE_STEP = ("ppo_pass", "ppo_fused")
-ONE_RANK_ONLY = ("ppo_pass", "ppo_bf16")
-TWO_RANKS_ONLY = ("ppo_compiled",)  # compiling costs ~20 s a process: once, sharded
+PACKED = {"ppo_packed": "ppo_mixed", "critic_packed": "critic_mixed"}  # case: its unpacked twin
+MIXED = (*PACKED, *PACKED.values())  # cases on toy_batch(mixed=True)
+ONE_RANK_ONLY = ("ppo_pass", "ppo_bf16", *PACKED.values())
+# compiling costs ~20 s a process: once, sharded; packing is checked against one rank
+TWO_RANKS_ONLY = ("ppo_compiled", *PACKED)
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +150,25 @@ def test_two_ranks_train_exactly_like_one(tiny_model_dir, trained, case):
     before = loader(tiny_model_dir).state_dict()
     moved = [n for n, t in one["state"].items() if not torch.equal(t, before[n])]
     assert len(moved) == len(one["state"])  # every parameter was trained
+
+
+@pytest.mark.parametrize("case", list(PACKED))
+def test_packed_two_ranks_train_like_one_unpacked(tiny_model_dir, trained, case):
+    """learner.packing on 2 ranks: the unpacked one-rank log-probabilities (values) where the
+    loss reads them, loss, grad norm and update."""
+    one, two = trained[0][0][PACKED[case]], trained[1][0][case]
+    batch = toy_batch(tiny_model_dir, mixed=True)
+    lengths, length = batch.attention_mask.sum(-1), batch.input_ids.shape[1]
+    plans = [packed_forward_plan(lengths, length, 2, rank, 2) for rank in range(2)]
+    assert any(len(set(packed)) < len(rows) for p in plans for rows, packed in p)  # shared
+    scored = batch.loss_mask > 0
+    want, got = _logprobs(trained[0], PACKED[case]), _logprobs(trained[1], case)
+    np.testing.assert_allclose(got[scored], want[scored], atol=1e-5)
+    assert one["metrics"]["trained_tokens"] == two["metrics"]["trained_tokens"]
+    assert one["metrics"]["loss"] == pytest.approx(two["metrics"]["loss"], rel=1e-4)
+    assert one["metrics"]["grad_norm"] == pytest.approx(two["metrics"]["grad_norm"], rel=1e-4)
+    for name, tensor in one["state"].items():
+        torch.testing.assert_close(two["state"][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
 
 
 def test_weight_buckets_respect_the_size_limit_and_send_tied_weights_once(tmp_path):

@@ -66,7 +66,7 @@ from rlsys.trainers.rl.sample_metrics import sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan, live_check
 from rlsys.trainers.rl.scaling import RolloutScaler
 from rlsys.trainers.rl.state import RunState
-from rlsys.trainers.rl.step_metrics import batch_metrics, perf_metrics
+from rlsys.trainers.rl.step_metrics import batch_metrics, learner_padding, perf_metrics
 from rlsys.trainers.rl.timing import StageTimer, setup_frozen
 from rlsys.trainers.rl.updates import LearnerUpdates
 from rlsys.types import RolloutGroup, SamplingParams, TrainBatch
@@ -293,7 +293,7 @@ class Controller:
         metrics to ``metrics``; returns whether the policy moved."""
         batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
         metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
-        metrics["perf/padding_frac"] = float(1.0 - batch.attention_mask.mean())
+        metrics["perf/padding_frac"] = learner_padding(batch, self.cfg.learner)
         if self.roofline:
             self.roofline.observe(batch)
         with self.handover.engines_asleep(timer, metrics):

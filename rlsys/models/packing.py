@@ -1,0 +1,163 @@
+"""Packed forward passes (``learner.packing``): the sequences of a micro-batch concatenated
+into a few rows, each sequence attending only to itself, and the outputs laid back out as
+the unpacked path's (B, T-1).
+
+A micro-batch's rows (left-padded prompt, response, right padding; any padding inside a row
+is dropped too) are packed by the plan's ``packed_rows`` (``rlsys/backends/packing.py``):
+row ``b``'s real tokens go, in order, after the earlier rows of its packed row. Position ids
+restart at 0 per sequence and count real tokens, as ``position_ids`` does unpacked. The
+attention mask is block-diagonal causal, a (P, 1, L, L) mask handed to the model as its
+``attention_mask`` (transformers passes a 4D mask through as it is): boolean for SDPA (also
+the fp32 SDPA of ``attention.py``), additive for eager attention. A packed row's trailing
+padding is one more block, so no query row is fully masked (SDPA would give NaN there).
+Flash-attention's varlen path (position ids only, GPUs) is not wired: a model using it
+raises.
+
+Only the positions the unpacked path computes and a loss can read are computed: a real
+token whose next token is real, from the micro-batch's first scored column on. The others
+hold 0 (unpacked, a position whose target is padding holds a meaningless number; no loss
+mask covers it). The LM head runs on those positions only (``sliced_forward``'s ``select``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlsys.models.attention import FP32_SDPA
+from rlsys.models.lm_head import sliced_forward
+from rlsys.models.logprobs import logprob_slices
+
+_BOOL_MASKS = ("sdpa", FP32_SDPA)
+
+
+@dataclass
+class PackedRows:
+    """A micro-batch packed: P rows of L tokens, and where each real token went."""
+
+    input_ids: torch.Tensor  # (P, L) the rows' real tokens, concatenated; 0 after them
+    position_ids: torch.Tensor  # (P, L) restarting at 0 per sequence
+    mask: torch.Tensor  # (P, 1, L, L) bool: query attends key (same sequence, not later)
+    index: torch.Tensor  # (B, T) int64 flat index into P * L of each real token; -1 on padding
+
+
+def pack_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, packed_row: torch.Tensor
+) -> PackedRows:
+    """Pack the (B, T) rows into rows ``packed_row`` (B,), in row order within each."""
+    real = attention_mask.bool()
+    lengths = real.sum(-1)
+    count = int(packed_row.max()) + 1
+    member = torch.nn.functional.one_hot(packed_row, count) * lengths[:, None]  # (B, P)
+    start = (member.cumsum(0) - member).gather(1, packed_row[:, None])[:, 0]  # offset in row
+    width = max(int(member.sum(0).max()), 1)
+    rank = real.long().cumsum(-1) - 1  # real tokens before this one in its row
+    column = start[:, None] + rank
+    index = torch.where(real, packed_row[:, None] * width + column, -1)
+    flat = index[real]
+    size = count * width
+    ids = input_ids.new_zeros(size).index_copy(0, flat, input_ids[real])
+    positions = torch.arange(width, device=ids.device).repeat(count)
+    positions = positions.index_copy(0, flat, rank[real])
+    # sequence of every packed token: its row, or one block per packed row's padding
+    seq = torch.full((size,), len(real), device=ids.device).index_copy(
+        0, flat, torch.arange(len(real), device=ids.device)[:, None].expand_as(real)[real]
+    )
+    filled = member.sum(0)  # padding counts positions from 0 after each row's tokens
+    pad_pos = torch.arange(width, device=ids.device)[None] - filled[:, None]
+    positions = torch.where(
+        seq.view(count, width) == len(real), pad_pos, positions.view(count, width)
+    )
+    seq = seq.view(count, width)
+    causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
+    mask = (seq[:, :, None] == seq[:, None, :]) & causal
+    return PackedRows(ids.view(count, width), positions, mask[:, None], index)
+
+
+def attention_mask_for(model, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``mask`` as ``model``'s attention implementation takes a 4D mask; ValueError naming
+    ``learner.packing`` for one that takes none (flash-attention's varlen path)."""
+    module = getattr(model, "module", model)  # a DeepSpeed engine's model
+    config = getattr(module, "config", None) or module.backbone.config
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    if impl in _BOOL_MASKS:
+        return mask
+    if impl == "eager":
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+            ~mask, torch.finfo(dtype).min
+        )
+    raise ValueError(
+        f"learner.packing=true: the model's attention implementation {impl!r} takes no "
+        "block-diagonal mask (packing supports sdpa and eager); set learner.packing=false"
+    )
+
+
+def _scored(packed: PackedRows, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, columns) of the (B, T-1) positions computed packed: a real token whose next
+    token is real, at column ``first`` or later."""
+    real = packed.index >= 0
+    pairs = real[:, :-1] & real[:, 1:]
+    pairs[:, :first] = False
+    return pairs.nonzero(as_tuple=True)
+
+
+def _lay_out(values: torch.Tensor, rows, columns, shape) -> torch.Tensor:
+    """(n, k) values of the positions (rows, columns) as (B, T-1, k), 0 elsewhere."""
+    flat = rows * shape[1] + columns
+    out = values.new_zeros(shape[0] * shape[1], values.shape[-1]).index_copy(0, flat, values)
+    return out.view(*shape, -1)
+
+
+def packed_token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed_row: torch.Tensor,
+    temperature: float = 1.0,
+    first: int = 0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+    slice_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``token_logprobs`` computed on packed rows (``packed_row``: each row's packed row),
+    returned in its (B, T-1) layout (see the module docstring for the positions held 0)."""
+    packed = pack_rows(input_ids, attention_mask, packed_row)
+    rows, columns = _scored(packed, first)
+    targets = input_ids[rows, columns + 1][:, None]
+    with_grad = entropy_grad and torch.is_grad_enabled()
+    dtype = next(model.parameters()).dtype
+    stats = sliced_forward(
+        model,
+        logprob_slices(targets, temperature, entropy, with_grad),
+        slice_tokens,
+        select=packed.index[rows, columns],
+        input_ids=packed.input_ids,
+        attention_mask=attention_mask_for(model, packed.mask, dtype),
+        position_ids=packed.position_ids,
+        use_cache=False,
+    )
+    shape = (input_ids.shape[0], input_ids.shape[1] - 1)
+    out = _lay_out(stats, rows, columns, shape)
+    if not entropy:
+        return out[..., 0], None
+    ent = out[..., 1] if with_grad else out[..., 1].detach()
+    return out[..., 0], ent
+
+
+def packed_token_values(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed_row: torch.Tensor
+) -> torch.Tensor:
+    """``token_values`` of the critic computed on packed rows, in its (B, T-1) layout: the
+    value of every real token whose next token is real, 0 elsewhere."""
+    packed = pack_rows(input_ids, attention_mask, packed_row)
+    rows, columns = _scored(packed, 0)
+    dtype = next(model.parameters()).dtype
+    values = model(
+        packed.input_ids,
+        attention_mask_for(model, packed.mask, dtype),
+        packed.position_ids,
+    )
+    picked = values.reshape(-1).index_select(0, packed.index[rows, columns])
+    shape = (input_ids.shape[0], input_ids.shape[1] - 1)
+    return _lay_out(picked[:, None], rows, columns, shape)[..., 0]
