@@ -24,12 +24,13 @@ from collections.abc import Callable
 from typing import Any
 
 from rlsys.agents.server import AgentServer
-from rlsys.agents.session import CallSpec, RequestError, Session
+from rlsys.agents.session import CallSpec, Session
 from rlsys.agents.stitch import stitch
 from rlsys.config.env import EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.envs.rollout import MIN_BATCH_WAIT_S, Complete
 from rlsys.envs.tool_formats import ToolFormat
+from rlsys.run.json_http import RequestError
 from rlsys.types import Completion, Episode, Prompt, SamplingParams
 
 log = logging.getLogger(__name__)

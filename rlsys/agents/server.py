@@ -10,27 +10,23 @@ recorded; a tool call in the reply comes back as ``tool_calls`` (``finish_reason
 "tool_calls"``). Bad bodies, unknown sessions and paths get OpenAI-style JSON errors (400/404);
 a failure inside a request answers 500 and the server goes on.
 
-The standard library's ``ThreadingHTTPServer`` serves it: a thread per request suits a handler
-that blocks until its generation comes back, and it needs nothing the base install lacks
-(FastAPI and uvicorn only come with vLLM). It binds 127.0.0.1: sessions are not authenticated.
+It is served by ``rlsys.run.json_http`` (the standard library's threaded server; FastAPI and
+uvicorn only come with vLLM). It binds 127.0.0.1: sessions are not authenticated.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import logging
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from rlsys.agents.session import CallSpec, Generate, RequestError, Session
+from rlsys.agents.session import CallSpec, Generate, Session
 from rlsys.envs.tool_formats import TOOL_CALL_START, ToolFormat
 from rlsys.envs.tools import ToolCallError
+from rlsys.run.json_http import JsonServer, RequestError, read_json
 
-log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 8 << 20  # a larger request body is refused (400)
 MODEL_NAME = "rlsys-policy"  # what GET /models lists; any ``model`` a request names is served
 
 
@@ -42,15 +38,11 @@ class AgentServer:
         self.sessions: dict[str, Session] = {}
         self.lock = threading.Lock()
         self._ids = itertools.count()
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="agents")
-        self.thread.start()
+        self.http = JsonServer(self._route, "agent endpoint", host, port)
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return self.http.url
 
     def open(self, generate: Generate) -> Session:
         """A new session whose calls go to ``generate``."""
@@ -69,18 +61,7 @@ class AgentServer:
             self.sessions.pop(session.id, None)
 
     def shutdown(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def route(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
-        """(status, JSON body) of a request; never raises."""
-        try:
-            return 200, self._route(method, path, body)
-        except RequestError as exc:
-            return exc.status, exc.body()
-        except Exception as exc:  # noqa: BLE001 - one bad request must not stop the server
-            log.exception("agent endpoint: %s %s failed", method, path)
-            return 500, RequestError(500, f"internal error: {exc!r}", code="server_error").body()
+        self.http.shutdown()
 
     def _route(self, method: str, path: str, body: bytes) -> dict:
         parts = path.split("?")[0].strip("/").split("/")
@@ -100,7 +81,7 @@ class AgentServer:
         if rest == ["models"] and method == "GET":
             return _models()
         if rest == ["chat", "completions"] and method == "POST":
-            return self.chat(session, _json(body))
+            return self.chat(session, read_json(body))
         raise RequestError(404, f"no route {method} /{'/'.join(rest)} under a session")
 
     def chat(self, session: Session, request: dict) -> dict:
@@ -167,16 +148,6 @@ def _models() -> dict:
     }
 
 
-def _json(body: bytes) -> dict:
-    try:
-        data = json.loads(body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise RequestError(400, f"the request body is not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise RequestError(400, "the request body must be a JSON object")
-    return data
-
-
 def _parse(request: dict, fmt: ToolFormat) -> tuple[list[dict], list[dict], CallSpec]:
     """The messages, tools and call spec of a chat completion request (400 on bad fields)."""
     messages = request.get("messages")
@@ -218,33 +189,3 @@ def _parse(request: dict, fmt: ToolFormat) -> tuple[list[dict], list[dict], Call
         stop = [*stop, *fmt.stop]
     spec = CallSpec(max_tokens, temperature, tuple(dict.fromkeys(stop)))
     return messages, tools, spec
-
-
-def _handler(server: AgentServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:  # noqa: N802 - the http.server name
-            self._answer(*server.route("GET", self.path, b""))
-
-        def do_POST(self) -> None:  # noqa: N802
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                self.close_connection = True
-                body = RequestError(400, f"body over {MAX_BODY_BYTES} bytes").body()
-                self._answer(400, body)
-                return
-            self._answer(*server.route("POST", self.path, self.rfile.read(length)))
-
-        def _answer(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args) -> None:  # noqa: A002 - quiet per request
-            log.debug("agent endpoint: " + format, *args)
-
-    return Handler

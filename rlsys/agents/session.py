@@ -18,24 +18,8 @@ import threading
 from collections.abc import Callable
 
 from rlsys.envs.tool_formats import TOOL_CALL_END, TOOL_CALL_START, ToolFormat
+from rlsys.run.json_http import RequestError
 from rlsys.types import Completion
-
-
-class RequestError(Exception):
-    """A request the endpoint refuses: an OpenAI-style error with an HTTP status."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str = "") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.code = code or ("not_found" if status == 404 else "invalid_request")
-
-    def body(self) -> dict:
-        kind = "not_found_error" if self.status == 404 else "invalid_request_error"
-        if self.status >= 500:
-            kind = "server_error"
-        return {
-            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -169,11 +169,6 @@ class JudgeConfig:
         """The endpoints of ``url`` (none where it is unset)."""
         return [u.strip() for u in (self.url or "").split(",") if u.strip()]
 
-    @property
-    def enabled(self) -> bool:
-        """Whether the run scores with a judge (an endpoint or one it serves)."""
-        return self.url is not None or self.model_path is not None
-
 
 @dataclass
 class RewardConfig:

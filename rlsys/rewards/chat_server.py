@@ -8,30 +8,24 @@ Messages are rendered with the tokenizer's chat template (a tokenizer without on
 a line each). Requests that arrive while the engine is busy wait and go to it together, one
 ``generate`` call per batch of at most ``max_batch``, so a judge with ``concurrency`` requests in
 flight fills the engine's batch; the engine is called from the batching thread only, as the
-engine interface asks. Bad bodies get OpenAI-style 400s; a failure inside a generation answers
-500 and the server goes on.
+engine interface asks. HTTP, bad bodies (OpenAI-style 400s) and failures (500, the server goes
+on) are ``rlsys.run.json_http``'s, as for the agents' endpoint.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from rlsys.run.json_http import JsonServer, RequestError, read_json
 from rlsys.types import SamplingParams
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 8 << 20  # a larger request body is refused (400)
 WAIT_S = 600.0  # a request not answered by then gets 500
-
-
-class BadRequest(ValueError):
-    """A request the endpoint refuses (400), with OpenAI's error message."""
 
 
 @dataclass
@@ -62,26 +56,29 @@ def render(tokenizer, messages: list[dict], continue_final: bool) -> list[int]:
 
 
 def parse_request(body: dict, tokenizer) -> _Call:
-    """The generation a chat-completions ``body`` asks for; raises BadRequest naming the field."""
+    """The generation a chat-completions ``body`` asks for; raises RequestError (400) naming
+    the field."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list of {role, content}")
+        raise RequestError(400, "'messages' must be a non-empty list of {role, content}")
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            raise BadRequest("each message needs a string 'content' (text only)")
+            raise RequestError(400, "each message needs a string 'content' (text only)")
         if m.get("role") not in ("system", "user", "assistant"):
-            raise BadRequest(f"message role {m.get('role')!r} is not system, user or assistant")
+            raise RequestError(
+                400, f"message role {m.get('role')!r} is not system, user or assistant"
+            )
     if body.get("n", 1) != 1 or body.get("stream"):
-        raise BadRequest("only n=1 and non-streaming requests are served")
+        raise RequestError(400, "only n=1 and non-streaming requests are served")
     continue_final = bool(body.get("continue_final_message", False))
     if continue_final and messages[-1]["role"] != "assistant":
-        raise BadRequest("continue_final_message needs an assistant message last")
+        raise RequestError(400, "continue_final_message needs an assistant message last")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
     temperature = body.get("temperature", 1.0)
     if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise BadRequest(f"max_tokens={max_tokens!r} must be a positive integer")
+        raise RequestError(400, f"max_tokens={max_tokens!r} must be a positive integer")
     if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise BadRequest(f"temperature={temperature!r} must be a number >= 0")
+        raise RequestError(400, f"temperature={temperature!r} must be a number >= 0")
     return _Call(render(tokenizer, messages, continue_final), max_tokens, float(temperature))
 
 
@@ -95,24 +92,29 @@ class ChatServer:
         self.calls: queue.Queue[_Call] = queue.Queue()
         self.batches = 0  # generate calls made (requests batched together count once)
         self._stop = threading.Event()
-        self.httpd = ThreadingHTTPServer((host, 0), _handler(self))
-        self.httpd.daemon_threads = True
-        for target, name_ in ((self.httpd.serve_forever, "chat-http"), (self._batch, "chat-gen")):
-            threading.Thread(target=target, daemon=True, name=name_).start()
+        self.http = JsonServer(self._route, "chat server", host)
+        threading.Thread(target=self._batch, daemon=True, name="chat-gen").start()
 
     @property
     def url(self) -> str:
         """The OpenAI base URL (``.../v1``)."""
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"{self.http.url}/v1"
 
     def shutdown(self) -> None:
         self._stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.shutdown()
+
+    def _route(self, method: str, path: str, body: bytes) -> dict:
+        route = (method, path.split("?")[0].rstrip("/"))
+        if route == ("GET", "/v1/models"):
+            models = [{"id": self.name, "object": "model", "owned_by": "rlsys"}]
+            return {"object": "list", "data": models}
+        if route == ("POST", "/v1/chat/completions"):
+            return self.complete(read_json(body))
+        raise RequestError(404, f"no route {method} {path}")
 
     def complete(self, body: dict) -> dict:
-        """The chat completion for ``body``; raises BadRequest or RuntimeError."""
+        """The chat completion for ``body``; raises RequestError or RuntimeError."""
         call = parse_request(body, self.tokenizer)
         self.calls.put(call)
         if not call.done.wait(WAIT_S):
@@ -178,51 +180,3 @@ class ChatServer:
                 call.error = f"{type(exc).__name__}: {exc}"
         for call in calls:
             call.done.set()
-
-
-def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # no line per request on stderr
-            pass
-
-        def _answer(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting
-                log.debug("chat server: client left before its answer")
-
-        def do_GET(self) -> None:
-            if self.path.rstrip("/") == "/v1/models":
-                models = [{"id": server.name, "object": "model", "owned_by": "rlsys"}]
-                self._answer(200, {"object": "list", "data": models})
-            else:
-                self._answer(404, _error(f"no route GET {self.path}", "not_found"))
-
-        def do_POST(self) -> None:
-            if self.path.rstrip("/") != "/v1/chat/completions":
-                self._answer(404, _error(f"no route POST {self.path}", "not_found"))
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                self._answer(400, _error(f"body over {MAX_BODY_BYTES} bytes"))
-                return
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if not isinstance(body, dict):
-                    raise BadRequest("the body must be a JSON object")
-                self._answer(200, server.complete(body))
-            except (BadRequest, json.JSONDecodeError) as exc:
-                self._answer(400, _error(str(exc)))
-            except Exception as exc:  # noqa: BLE001 - a 500, the server goes on
-                self._answer(500, _error(f"{type(exc).__name__}: {exc}", "server_error"))
-
-    return Handler
-
-
-def _error(message: str, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind}}
