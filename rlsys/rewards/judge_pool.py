@@ -40,10 +40,6 @@ class JudgeServer:
     def url(self) -> str:
         return self.server.url
 
-    def batches(self) -> int:
-        """Generate calls made so far (requests answered together count once)."""
-        return self.server.batches
-
 
 class JudgePool:
     """``cfg.num_workers`` judge servers; ``judge_config()`` points ``reward.judge`` at them."""
