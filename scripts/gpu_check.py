@@ -46,7 +46,6 @@ sys.path.insert(0, str(ROOT))  # rlsys from this checkout
 
 CHECKS = ["ray", "placement", "sync", "qwen_shape", "deepspeed", "grpo", "compiled"]
 CPU_SKIPS = {"deepspeed", "compiled"}
-# dense bf16 tensor-core peaks (TFLOP/s, no sparsity), by a name fragment of the device
 QWEN25_05B = {  # Qwen2.5-0.5B's config.json, the fields that set its shape
     "vocab_size": 151936,
     "hidden_size": 896,

@@ -26,14 +26,13 @@ def _dppo_surrogate(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPPO's per-token loss given its trust-region mask: ``-sg(min(ratio, cap)) * A`` in value,
     ``-sg(min(ratio, cap)) * A * grad log pi`` in gradient, on the ``valid`` tokens only."""
-    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
-    weight = log_ratio.detach().exp().clamp(max=ratio_cap)
-    keep = valid.detach().to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs).detach().clamp(-20.0, 20.0)  # weights only
+    weight = log_ratio.exp().clamp(max=ratio_cap)
+    keep = valid.to(logprobs.dtype)  # a mask of detached values
     loss = -advantages * weight * keep * (1.0 + logprobs - logprobs.detach())
-    detached = log_ratio.detach()
     metrics = {
         "clipped": 1.0 - keep,
-        "approx_kl": (-detached).exp() - 1.0 + detached,
+        "approx_kl": (-log_ratio).exp() - 1.0 + log_ratio,
     }
     return loss, metrics
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlsys.data.collate import position_ids
 from rlsys.models.attention import FP32_SDPA
 from rlsys.models.lm_head import sliced_forward
 from rlsys.models.logprobs import logprob_slices
@@ -52,7 +53,7 @@ def pack_rows(
     member = torch.nn.functional.one_hot(packed_row, count) * lengths[:, None]  # (B, P)
     start = (member.cumsum(0) - member).gather(1, packed_row[:, None])[:, 0]  # offset in row
     width = max(int(member.sum(0).max()), 1)
-    rank = real.long().cumsum(-1) - 1  # real tokens before this one in its row
+    rank = position_ids(real.long())  # real tokens before this one in its row
     column = start[:, None] + rank
     index = torch.where(real, packed_row[:, None] * width + column, -1)
     flat = index[real]
@@ -75,15 +76,17 @@ def pack_rows(
     return PackedRows(ids.view(count, width), positions, mask[:, None], index)
 
 
-def attention_mask_for(model, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``mask`` as ``model``'s attention implementation takes a 4D mask; ValueError naming
-    ``learner.packing`` for one that takes none (flash-attention's varlen path)."""
+def attention_mask_for(model, mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` as ``model``'s attention implementation takes a 4D mask (an additive one in the
+    model's dtype for eager attention); ValueError naming ``learner.packing`` for one that
+    takes none (flash-attention's varlen path)."""
     module = getattr(model, "module", model)  # a DeepSpeed engine's model
     config = getattr(module, "config", None) or module.backbone.config
     impl = getattr(config, "_attn_implementation", None) or "eager"
     if impl in _BOOL_MASKS:
         return mask
     if impl == "eager":
+        dtype = next(model.parameters()).dtype
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
             ~mask, torch.finfo(dtype).min
         )
@@ -126,14 +129,13 @@ def packed_token_logprobs(
     rows, columns = _scored(packed, first)
     targets = input_ids[rows, columns + 1][:, None]
     with_grad = entropy_grad and torch.is_grad_enabled()
-    dtype = next(model.parameters()).dtype
     stats = sliced_forward(
         model,
         logprob_slices(targets, temperature, entropy, with_grad),
         slice_tokens,
         select=packed.index[rows, columns],
         input_ids=packed.input_ids,
-        attention_mask=attention_mask_for(model, packed.mask, dtype),
+        attention_mask=attention_mask_for(model, packed.mask),
         position_ids=packed.position_ids,
         use_cache=False,
     )
@@ -152,10 +154,9 @@ def packed_token_values(
     value of every real token whose next token is real, 0 elsewhere."""
     packed = pack_rows(input_ids, attention_mask, packed_row)
     rows, columns = _scored(packed, 0)
-    dtype = next(model.parameters()).dtype
     values = model(
         packed.input_ids,
-        attention_mask_for(model, packed.mask, dtype),
+        attention_mask_for(model, packed.mask),
         packed.position_ids,
     )
     picked = values.reshape(-1).index_select(0, packed.index[rows, columns])
