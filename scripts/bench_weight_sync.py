@@ -17,14 +17,16 @@ runs it). Two timings per transport, each the median of ``--repeats``:
   Both ends are timed inside the actors on the machine-wide monotonic clock, so Ray's cost of
   dispatching the two calls is not counted.
 * ``load_seconds``: delivery plus each receiver copying every tensor into its own
-  preallocated weights (what a trivial engine loader adds).
+  preallocated weights (what a trivial engine loader adds); for ``collective:shm_resident``
+  (``weight_sync.zero_copy``, the HF engine's path) the receiver instead points its weights
+  at the received views, as the engine does, so the load is the sender's one copy.
 
 ``gbps`` is bytes / seconds; ``ratio_to_memcpy`` divides it by this machine's memory-copy
 bandwidth measured in the same run (best of 5 ``torch`` copies of 256 MiB using every core, or
 on the GPU with ``--device cuda``).
 Moving bytes between two private address spaces through any shared buffer takes two copies,
-and on a bandwidth-bound machine two concurrent copies share the bus, so ``load`` ratios stay
-at or below about 0.5 whatever the transport. ``--json PATH`` writes one record per
+and on a bandwidth-bound machine two concurrent copies share the bus, so ``load`` ratios of
+the copying transports stay at or below about 0.5; the resident plane skips the second copy. ``--json PATH`` writes one record per
 (transport, model) with keys transport, params, bytes, seconds, gbps, ratio_to_memcpy (plus
 load_seconds, load_gbps, buckets, memcpy_gbps).
 """
@@ -138,12 +140,16 @@ def make_actors(ray, device: str = "cpu", num_gpus: float = 0):
             import torch
 
             torch.set_num_threads(os.cpu_count() or 1)
-            self.dest = random_state(model, device)
+            self.dest = {
+                k: torch.nn.Parameter(v, requires_grad=False)
+                for k, v in random_state(model, device).items()
+            }
             self.transport = None
 
-        def connect(self, transport, rank, world_size, address) -> None:
+        def connect(self, transport, rank, world_size, address, resident: bool) -> None:
             self.transport = transport
-            transport.connect(rank, world_size, address, device)
+            dtype = str(next(iter(self.dest.values())).dtype).removeprefix("torch.")
+            transport.connect(rank, world_size, address, device, dtype if resident else None)
 
         def receive(self, update, load: bool) -> tuple[int, int, float]:
             """(buckets, tensors, monotonic time when the last one was taken)."""
@@ -151,8 +157,10 @@ def make_actors(ray, device: str = "cpu", num_gpus: float = 0):
             for bucket in self.transport.receive(update):
                 buckets += 1
                 for key, tensor in bucket.items():
-                    if load:
-                        self.dest[key].copy_(tensor)
+                    if load and self.transport.resident:  # as HFEngine.update_weights(adopt)
+                        self.dest[key].data = tensor
+                    elif load:
+                        self.dest[key].data.copy_(tensor)
                     count += 1
             return buckets, count, time.monotonic()
 
@@ -163,7 +171,8 @@ def make_actors(ray, device: str = "cpu", num_gpus: float = 0):
 
 
 def transports(device: str = "cpu", receivers: int = 1):
-    """(label, transport factory, GPUs per actor) for the transports this machine can run."""
+    """(label, transport factory, GPUs per actor, receivers keep views) for the transports
+    this machine can run."""
     import torch
 
     from rlsys.config.schema import WeightSyncConfig
@@ -172,13 +181,14 @@ def transports(device: str = "cpu", receivers: int = 1):
     if device == "cuda":  # one transport: the actors' GPU share depends on which
         if torch.cuda.device_count() >= 1 + receivers:  # NCCL wants one GPU per rank
             cfg = WeightSyncConfig(transport="collective")
-            return [("collective:nccl", lambda: TRANSPORTS.get("collective")(cfg), 1)]
+            return [("collective:nccl", lambda: TRANSPORTS.get("collective")(cfg), 1, False)]
         cfg = WeightSyncConfig(transport="cuda_ipc")
-        return [("cuda_ipc", lambda: TRANSPORTS.get("cuda_ipc")(cfg), 1 / (1 + receivers))]
-    out = [("object_store", lambda: TRANSPORTS.get("object_store")(WeightSyncConfig()), 0)]
-    for plane in ("shm", "gloo"):
+        return [("cuda_ipc", lambda: TRANSPORTS.get("cuda_ipc")(cfg), 1 / (1 + receivers), False)]
+    out = [("object_store", lambda: TRANSPORTS.get("object_store")(WeightSyncConfig()), 0, False)]
+    for plane, resident in (("shm", False), ("shm", True), ("gloo", False)):
         cfg = WeightSyncConfig(transport="collective", cpu_data_plane=plane)
-        out.append((f"collective:{plane}", lambda cfg=cfg: TRANSPORTS.get("collective")(cfg), 0))
+        label = f"collective:{plane}{'_resident' if resident else ''}"
+        out.append((label, lambda cfg=cfg: TRANSPORTS.get("collective")(cfg), 0, resident))
     return out
 
 
@@ -191,14 +201,17 @@ def run_model(ray, model, receivers, bucket_bytes, repeats, memcpy, device="cpu"
     sinks = [Receiver.remote(model) for _ in range(receivers)]
     params, nbytes = ray.get(sender.info.remote())
     records = []
-    for label, factory, _ in plan:
+    for label, factory, _, resident in plan:
         transport = factory()
         address = ray.get(sender.address.remote())
         world = 1 + receivers
         ray.get(
             [
                 sender.connect.remote(transport, world, address),
-                *[s.connect.remote(transport, r, world, address) for r, s in enumerate(sinks, 1)],
+                *[
+                    s.connect.remote(transport, r, world, address, resident)
+                    for r, s in enumerate(sinks, 1)
+                ],
             ]
         )
         timings = {False: [], True: []}
@@ -245,14 +258,14 @@ def run_model(ray, model, receivers, bucket_bytes, repeats, memcpy, device="cpu"
 
 
 HEADER = (
-    f"{'transport':<18}{'model':>6}{'params':>12}{'MB':>9}{'buckets':>8}{'s':>9}{'GB/s':>7}"
+    f"{'transport':<24}{'model':>6}{'params':>12}{'MB':>9}{'buckets':>8}{'s':>9}{'GB/s':>7}"
     f"{'ratio':>7}{'load s':>9}{'load GB/s':>10}{'ratio':>7}"
 )
 
 
 def _row(r: dict) -> str:
     return (
-        f"{r['transport']:<18}{r['model']:>6}{r['params']:>12,}{r['bytes'] / 1e6:>9.1f}"
+        f"{r['transport']:<24}{r['model']:>6}{r['params']:>12,}{r['bytes'] / 1e6:>9.1f}"
         f"{r['buckets']:>8}{r['seconds']:>9.3f}{r['gbps']:>7.2f}{r['ratio_to_memcpy']:>7.2f}"
         f"{r['load_seconds']:>9.3f}{r['load_gbps']:>10.2f}{r['load_ratio_to_memcpy']:>7.2f}"
     )

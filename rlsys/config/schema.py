@@ -148,6 +148,11 @@ class WeightSyncConfig:
     # the learner's node (gloo only signals), "gloo" sends them over gloo, "auto" picks shm
     # when it can.
     cpu_data_plane: str = "auto"
+    # The shm plane with HF engines on CPU (all of one dtype, no LoRA merge): the engines keep
+    # their weights as views of the plane's files instead of copying them in. Two versions of
+    # the model (in the engines' dtype) stay in /dev/shm, shared by the node's engines; a load
+    # is the learner's one packing copy (docs/weight-sync.md has the figures). false: copy.
+    zero_copy: bool = True
     timeout_s: float = 600.0  # a sync group member waiting longer than this fails the run
 
     def __post_init__(self) -> None:

@@ -40,9 +40,17 @@ class RolloutEngine(Protocol):
         ``finish_reason="abort"`` and what they produced so far."""
         ...
 
-    def update_weights(self, buckets: Iterable[Bucket], version: int) -> int:
+    def update_weights(self, buckets: Iterable[Bucket], version: int, adopt: bool = False) -> int:
         """Load full tensors by Hugging Face name, bucket by bucket, and become ``version``;
-        returns the number of tensors loaded. A name the model lacks raises ``KeyError``."""
+        returns the number of tensors loaded. A name the model lacks raises ``KeyError``.
+        ``adopt``: the tensors stay valid until the next update (a resident transport), so
+        the engine keeps them as its weights instead of copying; asked only of an engine
+        whose ``view_dtype`` is not None."""
+        ...
+
+    def view_dtype(self) -> str | None:
+        """The dtype of the weights, where this engine can keep received tensors as its
+        weights (``update_weights(adopt=True)``); None where it must copy them in."""
         ...
 
     def sleep(self) -> int:

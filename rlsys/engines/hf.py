@@ -238,19 +238,40 @@ class HFEngine:
         return ends
 
     @torch.no_grad()
-    def update_weights(self, buckets: Iterable[Bucket], version: int) -> int:
-        """Copy full tensors into the model, bucket by bucket; returns tensors loaded."""
+    def update_weights(self, buckets: Iterable[Bucket], version: int, adopt: bool = False) -> int:
+        """Copy full tensors into the model, bucket by bucket; returns tensors loaded.
+        ``adopt``: parameters become the received tensors themselves (views of the weight
+        transport's shared memory, valid until the next update); buffers are still copied."""
         self._check_awake("update_weights")
         loaded = 0
-        params = self.model.state_dict()  # looked up now: sleep/wake move the storage
+        state = self.model.state_dict()  # looked up now: sleep/wake move the storage
+        params = dict(self.model.named_parameters(remove_duplicate=False)) if adopt else {}
         for bucket in buckets:
             for name, tensor in bucket.items():
-                if name not in params:
+                if name not in state:
                     raise KeyError(f"weight {name!r} from the learner has no match in the engine")
-                params[name].copy_(tensor)
+                param = params.get(name)
+                if param is None:
+                    state[name].copy_(tensor)
+                elif tensor.dtype != param.dtype or tensor.shape != param.shape:
+                    raise ValueError(
+                        f"weight {name!r} arrived as {tensor.dtype} {tuple(tensor.shape)} but the "
+                        f"engine holds {param.dtype} {tuple(param.shape)}: it cannot keep it as a "
+                        "view; set weight_sync.zero_copy=false"
+                    )
+                else:
+                    param.data = tensor
                 loaded += 1
         self.version = version
         return loaded
+
+    def view_dtype(self) -> str | None:
+        """On a CPU, with every parameter of one dtype: that dtype (the engine can point its
+        weights at a resident transport's shared memory). GPUs: None."""
+        dtypes = {p.dtype for p in self.model.parameters()}
+        if self.device.type != "cpu" or len(dtypes) != 1:
+            return None
+        return str(dtypes.pop()).removeprefix("torch.")
 
     def sleep(self) -> int:
         """Free the weights' memory while learners train (colocated): to host memory on a

@@ -159,8 +159,11 @@ class VLLMEngine:
         ]
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def update_weights(self, buckets: Iterable[Bucket], version: int) -> int:
-        """Load full tensors into every vLLM worker, bucket by bucket; returns tensors loaded."""
+    def update_weights(self, buckets: Iterable[Bucket], version: int, adopt: bool = False) -> int:
+        """Load full tensors into every vLLM worker, bucket by bucket; returns tensors loaded.
+        vLLM's workers own their weights: ``adopt`` is never asked (``view_dtype`` is None)."""
+        if adopt:
+            raise ValueError("the vLLM engine copies weights in; it cannot adopt views")
         loaded = 0
         for bucket in buckets:
             if self.in_process:  # the worker is in this process: hand the tensors over
@@ -176,6 +179,10 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
         self.version = version
         return loaded
+
+    def view_dtype(self) -> str | None:
+        """None: vLLM's workers (often other processes) keep weights of their own."""
+        return None
 
     def sleep(self) -> int:
         """Free GPU memory (weights offloaded to host memory, KV cache dropped) while learners

@@ -53,15 +53,30 @@ class SyncAddress:
 class WeightTransport(Protocol):
     """Moves full-tensor buckets from learner rank 0 to rollout engines."""
 
-    def connect(self, rank: int, world_size: int, address: SyncAddress, device: str) -> None:
-        """Join the sync group (collective: every member, at once)."""
+    def connect(
+        self,
+        rank: int,
+        world_size: int,
+        address: SyncAddress,
+        device: str,
+        resident_dtype: str | None = None,
+    ) -> None:
+        """Join the sync group (collective: every member, at once). ``resident_dtype``: an
+        engine that can keep the weights it receives as views (``resident`` below) says in
+        which dtype it holds them."""
+
+    @property
+    def resident(self) -> bool:
+        """Whether yielded buckets stay valid until the next sync, so an engine may keep
+        their tensors as its weights instead of copying them (``weight_sync.zero_copy``)."""
 
     def send(self, buckets: Iterable[Bucket], version: int) -> SendResult:
         """Send every bucket (on learner rank 0)."""
 
     def receive(self, update: WeightUpdate) -> Iterator[Bucket]:
         """Yield the buckets of ``update`` one at a time (on an engine); a yielded bucket is only
-        valid until the next one is requested, so consumers copy out of it."""
+        valid until the next one is requested, so consumers copy out of it, unless the
+        transport is ``resident``."""
 
     def close(self) -> None:
         """Leave the group and free buffers."""
@@ -104,14 +119,16 @@ def bucketize(named: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator
         yield bucket
 
 
-def layout(bucket: Bucket) -> tuple[list[TensorSlice], int]:
-    """Offsets of each tensor of ``bucket`` in a flat buffer, and the buffer's size."""
+def layout(bucket: Bucket, cast: torch.dtype | None = None) -> tuple[list[TensorSlice], int]:
+    """Offsets of each tensor of ``bucket`` in a flat buffer, and the buffer's size;
+    ``cast``: floating tensors are packed in this dtype (``pack`` converts as it copies)."""
     slices, offset = [], 0
     for name, tensor in bucket.items():
+        dtype = cast if cast is not None and tensor.is_floating_point() else tensor.dtype
         slices.append(
-            TensorSlice(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset)
+            TensorSlice(name, str(dtype).removeprefix("torch."), tuple(tensor.shape), offset)
         )
-        offset += math.ceil(tensor.numel() * tensor.element_size() / ALIGN) * ALIGN
+        offset += math.ceil(tensor.numel() * dtype.itemsize / ALIGN) * ALIGN
     return slices, offset
 
 

@@ -25,7 +25,12 @@ from rlsys.weight_sync.base import (
     unpack,
 )
 from rlsys.weight_sync.group import SyncGroup
-from rlsys.weight_sync.planes import SLOTS, BroadcastPlane, CudaIpcPlane, SharedMemoryPlane
+from rlsys.weight_sync.planes import (
+    BroadcastPlane,
+    CudaIpcPlane,
+    ResidentPlane,
+    SharedMemoryPlane,
+)
 
 
 class CollectiveTransport:
@@ -36,12 +41,19 @@ class CollectiveTransport:
         self.group: SyncGroup | None = None
         self.plane: BroadcastPlane | None = None
 
-    def connect(self, rank: int, world_size: int, address: SyncAddress, device: str) -> None:
+    def connect(
+        self,
+        rank: int,
+        world_size: int,
+        address: SyncAddress,
+        device: str,
+        resident_dtype: str | None = None,
+    ) -> None:
         self.group = SyncGroup(rank, world_size, address, device, self.cfg.timeout_s)
-        devices = self.group.all_gather_object(torch.device(device).type)
-        self.plane = self._plane(devices)
+        members = self.group.all_gather_object((torch.device(device).type, resident_dtype))
+        self.plane = self._plane([d for d, _ in members], {r for _, r in members[1:]})
 
-    def _plane(self, devices: list[str]) -> BroadcastPlane:
+    def _plane(self, devices: list[str], resident: set[str | None]) -> BroadcastPlane:
         group, mode = self.group, self.cfg.cpu_data_plane
         if all(d == "cuda" for d in devices):
             return BroadcastPlane(group, torch.device("cuda", torch.cuda.current_device()))
@@ -51,14 +63,23 @@ class CollectiveTransport:
                 "set weight_sync.cpu_data_plane=auto (or gloo)"
             )
         if mode in ("auto", "shm") and group.same_node:
+            (dtype,) = resident if len(resident) == 1 else (None,)
+            if self.cfg.zero_copy and dtype is not None:  # every engine keeps views of one dtype
+                return ResidentPlane(group, torch.device("cpu"), getattr(torch, dtype))
             return SharedMemoryPlane(group, torch.device("cpu"))
         return BroadcastPlane(group, torch.device("cpu"))
+
+    @property
+    def resident(self) -> bool:
+        return isinstance(self.plane, ResidentPlane)
 
     @property
     def data_plane(self) -> str:
         """Which plane carries the bytes: shm, gloo, nccl or cuda_ipc."""
         if isinstance(self.plane, CudaIpcPlane):
             return "cuda_ipc"
+        if isinstance(self.plane, ResidentPlane):
+            return "shm_resident"
         if isinstance(self.plane, SharedMemoryPlane):
             return "shm"
         return "nccl" if self.plane.device.type == "cuda" else "gloo"
@@ -69,8 +90,8 @@ class CollectiveTransport:
         for bucket in buckets:  # each next() gathers the following bucket from the shards
             if not bucket:
                 continue
-            slices, nbytes = layout(bucket)
-            slot = result.num_buckets % SLOTS
+            slices, nbytes = layout(bucket, getattr(plane, "dtype", None))
+            slot = plane.slot(result.num_buckets)
             buffer = plane.acquire(slot, nbytes)
             pack(bucket, slices, buffer)  # the one copy on the sender (device-aware)
             group.broadcast_object(
@@ -101,6 +122,7 @@ class CollectiveTransport:
             buffer = plane.receive(header["slot"], header["nbytes"], header["plane"])
             yield unpack(header["slices"], buffer)
             plane.release(header["slot"])
+        plane.finish()
 
     def _connected(self) -> tuple[SyncGroup, BroadcastPlane]:
         if self.group is None:
@@ -118,7 +140,7 @@ class CollectiveTransport:
 class CudaIpcTransport(CollectiveTransport):
     """Engines colocated on learner rank 0's GPU read its bucket buffers by CUDA IPC."""
 
-    def _plane(self, devices: list[str]) -> BroadcastPlane:
+    def _plane(self, devices: list[str], resident: set[str | None]) -> BroadcastPlane:
         if any(d != "cuda" for d in devices) or not self.group.same_node:
             raise ValueError(
                 "weight_sync.transport=cuda_ipc needs the learner and every engine on one GPU "

@@ -51,8 +51,20 @@ class ObjectStoreTransport:
     def __init__(self, cfg: WeightSyncConfig | None = None) -> None:
         self.cfg = cfg
 
-    def connect(self, rank: int, world_size: int, address: SyncAddress, device: str) -> None:
+    def connect(
+        self,
+        rank: int,
+        world_size: int,
+        address: SyncAddress,
+        device: str,
+        resident_dtype: str | None = None,
+    ) -> None:
         """Nothing to join: Ray's object store is the medium."""
+
+    @property
+    def resident(self) -> bool:
+        """The store's objects are read once and freed: engines copy out of them."""
+        return False
 
     def send(self, buckets: Iterable[Bucket], version: int) -> SendResult:
         result = SendResult(version, data_plane="object_store", handle=[])

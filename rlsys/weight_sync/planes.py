@@ -6,6 +6,8 @@ other slot, is still travelling or being loaded, so the sender holds at most two
 * ``BroadcastPlane``: the bytes are broadcast over the group (gloo on CPU, NCCL on GPU).
 * ``SharedMemoryPlane``: all members share a node; slots are files in /dev/shm mapped by every
   member, so bytes are written once and loaded straight from the mapping; gloo only signals.
+* ``ResidentPlane``: shared memory again, but a slot per bucket and two versions alternating,
+  so engines keep their weights as views of the slot files: a load is the sender's one copy.
 * ``CudaIpcPlane``: engines on the learner's GPU map its slot buffers by CUDA IPC handle.
 """
 
@@ -44,6 +46,10 @@ class BroadcastPlane:
         self.wait(slot)
         return self._buffer(slot, nbytes)
 
+    def slot(self, index: int) -> int:
+        """Sender: the slot bucket ``index`` of this sync goes into."""
+        return index % SLOTS
+
     def describe(self, slot: int) -> dict:
         return {}
 
@@ -66,8 +72,12 @@ class BroadcastPlane:
             self.works[slot] = None
 
     def drain(self) -> None:
+        """Sender: return once every receiver is done with this sync."""
         for slot in range(SLOTS):
             self.wait(slot)
+
+    def finish(self) -> None:
+        """Receiver: every bucket of this sync has been loaded."""
 
     def close(self) -> None:
         self.buffers = [None] * SLOTS
@@ -169,6 +179,99 @@ class SharedMemoryPlane(BroadcastPlane):
         if self.group.rank == 0 and self.ctl_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.ctl_path)
+        super().close()
+
+
+def _check_room(path: str, nbytes: int) -> None:
+    stat = os.statvfs(os.path.dirname(path))
+    free = stat.f_bavail * stat.f_frsize
+    if free < nbytes:
+        raise RuntimeError(
+            f"weight_sync.zero_copy needs {nbytes / 2**20:.0f} MiB more in /dev/shm for the "
+            f"engines' weights but {free / 2**20:.0f} MiB are free (it holds two versions of "
+            "the model in the engines' dtype); enlarge /dev/shm (docker run --shm-size, a "
+            "Kubernetes emptyDir with medium: Memory) or set weight_sync.zero_copy=false"
+        )
+
+
+class ResidentPlane(SharedMemoryPlane):
+    """Zero-copy loads (``weight_sync.zero_copy``): the engines' weights live in the slots.
+
+    Sync ``s`` packs its bucket ``i`` into slot ``2 * i + s % 2``, a /dev/shm file of its own
+    that every member maps; the sender casts into the engines' dtype as it packs (its one
+    copy), and each engine points its parameters at the views instead of copying out of
+    them, so the engines on a node share those pages and a load costs the engine nothing.
+    An engine leaves the slots of sync ``s`` only when it adopts sync ``s + 1``, so the
+    sender may refill them (sync ``s + 2``) once every engine has adopted the sync between:
+    ``drain`` waits for that at the end of every send, and receivers count adopted syncs in
+    the shared control array (column 0)."""
+
+    def __init__(self, group: SyncGroup, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(group, device)
+        self.dtype = dtype  # what floating tensors are packed as: the engines' dtype
+        self.files: dict[int, tuple[str, torch.Tensor]] = {}  # slot -> (path, mapping)
+        self.syncs = 0  # sender: syncs sent; receiver: syncs adopted
+
+    def slot(self, index: int) -> int:
+        return 2 * index + self.syncs % 2
+
+    def acquire(self, slot: int, nbytes: int) -> torch.Tensor:
+        path, buf = self.files.get(slot, (None, None))
+        if buf is None or buf.numel() < nbytes:
+            self._unlink(slot)  # the engines left this parity when they adopted the last sync
+            self.generation += 1
+            path = f"{self.prefix}-{slot}-{self.generation}"
+            _check_room(path, nbytes)
+            self.files[slot] = (path, self._map(path, nbytes))
+        return self.files[slot][1][:nbytes]
+
+    def describe(self, slot: int) -> dict:
+        path, buf = self.files[slot]
+        return {"path": path, "size": buf.numel(), "ctl": self.ctl_path}
+
+    def post(self, slot: int, buffer: torch.Tensor) -> None:
+        """Nothing to signal: receivers read the bytes once the header has reached them."""
+
+    def wait(self, slot: int) -> None:
+        """Nothing to wait for: the last ``drain`` freed this parity's slots."""
+
+    def drain(self) -> None:
+        self.syncs += 1
+        if self.group.rank != 0:
+            return
+        deadline = time.monotonic() + self.group.timeout_s
+        while bool((self.ctl[1:, 0] < self.syncs).any()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"engines did not adopt weight sync {self.syncs} within "
+                    f"weight_sync.timeout_s={self.group.timeout_s:g}s"
+                )
+            time.sleep(ACK_POLL_S)
+
+    def receive(self, slot: int, nbytes: int, description: dict) -> torch.Tensor:
+        self._attach(description)
+        path = _slot_path(description["path"])
+        if self.files.get(slot, (None,))[0] != path:
+            self.files[slot] = (path, self._map(path, description["size"]))
+        return self.files[slot][1][:nbytes]
+
+    def release(self, slot: int) -> None:
+        """The engine keeps the views until the next sync: ``finish`` signals instead."""
+
+    def finish(self) -> None:
+        self.syncs += 1
+        self.ctl[self.group.rank, 0] = self.syncs
+
+    def _unlink(self, slot: int) -> None:
+        path = self.files.pop(slot, (None,))[0]
+        if self.group.rank == 0 and path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def close(self) -> None:
+        for slot in list(self.files):
+            self._unlink(slot)
+        self.files = {}
         super().close()
 
 

@@ -86,14 +86,17 @@ class RolloutWorker:
         if self.transport is not None:
             self.transport.close()
         self.transport = transport
-        transport.connect(rank, world_size, address, self.device)
+        # merged adapters are new tensors each sync: nothing to keep views of
+        views = self.engine.view_dtype() if self.merge_adapters is None else None
+        transport.connect(rank, world_size, address, self.device, resident_dtype=views)
 
     def update_weights(self, update: WeightUpdate) -> int:
         """Receive ``update`` and load it; returns the number of tensors loaded."""
         buckets = self.transport.receive(update)
         if self.merge_adapters is not None:  # adapters in, full weights of their modules out
             buckets = self.merge_adapters(buckets)
-        return self._on_engine_thread(self.engine.update_weights, buckets, update.version)
+        adopt = self.transport.resident and self.merge_adapters is None
+        return self._on_engine_thread(self.engine.update_weights, buckets, update.version, adopt)
 
     def weights_digest(self) -> dict[str, str]:
         """``weight_sync.base.digests`` of the engine's weights by name (engines that hold a

@@ -130,6 +130,58 @@ def test_receivers_get_the_senders_buckets_bit_for_bit(plane, world, monkeypatch
                     assert torch.equal(got_bucket[name], want), (plane, version, name)
 
 
+def _resident_member(rank, world, port, versions, out):
+    """Receivers keep each sync's tensors as they are (no copy), as an HF engine does."""
+    transport = TRANSPORTS.get("collective")(
+        WeightSyncConfig(transport="collective", cpu_data_plane="shm", timeout_s=60)
+    )
+    views = "float32" if rank else None
+    transport.connect(rank, world, SyncAddress("127.0.0.1", port, TOKEN), "cpu", views)
+    seen, kept = [], None
+    for version in range(1, versions + 1):
+        if rank == 0:
+            transport.send(_buckets(_state(version)), version)
+            continue
+        got = {}
+        for bucket in transport.receive(WeightUpdate(version)):
+            got.update(bucket)
+            if kept is not None:  # the last sync's views, while this one is being written
+                seen.append(("held", version - 1, _intact(kept, version - 1)))
+        seen.append(
+            ("got", version, _intact(got, version), {k: str(v.dtype) for k, v in got.items()})
+        )
+        kept = got
+    out[rank] = (transport.data_plane, transport.resident, seen)
+    transport.close()
+
+
+def _intact(tensors: dict[str, torch.Tensor], version: int) -> bool:
+    want = _state(version)
+    return all(torch.equal(t, want[k].to(t.dtype)) for k, t in tensors.items()) and len(
+        tensors
+    ) == len(want)
+
+
+def test_zero_copy_plane_keeps_each_sync_intact_until_the_next_is_adopted():
+    """``weight_sync.zero_copy``: floating tensors arrive in the engines' dtype, integers as
+    they are, and the views an engine keeps of sync v stay unchanged while sync v + 1 is
+    written (two versions alternate); syncs 1..4 reuse each parity's files twice."""
+    out = mp.Manager().dict()
+    world, versions = 3, 4
+    mp.spawn(_resident_member, args=(world, _port(), versions, out), nprocs=world)
+    assert out[0][:2] == ("shm_resident", True)
+    for rank in range(1, world):
+        plane, resident, seen = out[rank]
+        assert (plane, resident) == ("shm_resident", True)
+        got = [entry for entry in seen if entry[0] == "got"]
+        assert [(v, ok) for _, v, ok, _ in got] == [(v, True) for v in range(1, versions + 1)]
+        dtypes = got[0][3]
+        assert dtypes["layer.0.w"] == "torch.float32"  # bf16 at the sender, cast on packing
+        assert dtypes["steps"] == "torch.int64"
+        held = [entry for entry in seen if entry[0] == "held"]
+        assert len(held) >= versions - 1 and all(ok for _, _, ok in held)
+
+
 def test_a_missing_gloo_interface_is_named_with_the_fix(monkeypatch):
     from rlsys.weight_sync.group import _gloo_devices
 

@@ -25,6 +25,7 @@ def test_bench_weight_sync_writes_a_record_per_transport(tmp_path):
     assert {r["transport"] for r in records} == {
         "object_store",
         "collective:shm",
+        "collective:shm_resident",
         "collective:gloo",
     }
     for record in records:

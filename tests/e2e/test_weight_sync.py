@@ -1,7 +1,8 @@
 """After every weight sync, each rollout engine's greedy output equals the learner's.
 
 Runs every engine x CPU transport pairing that matters: both engines on the object store,
-vLLM on the collective transport over both CPU data planes, with 1 and 2 learner ranks.
+vLLM on the collective transport over both CPU data planes, the HF engine on the zero-copy
+shared-memory plane (its weights are views of the slots), with 1 and 2 learner ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ CASES = [  # engine, transport, CPU data plane, learner ranks, engines, engine T
     pytest.param("vllm", "object_store", "auto", 1, 2, 1, 0, marks=LONG),
     ("vllm", "collective", "shm", 2, 2, 1, 0),
     pytest.param("vllm", "collective", "gloo", 1, 2, 1, 0, marks=LONG),
-    ("hf", "collective", "gloo", 2, 2, 1, 0),
+    pytest.param("hf", "collective", "gloo", 2, 2, 1, 0, marks=LONG),
+    ("hf", "collective", "shm", 2, 2, 1, 0),  # zero-copy: the engines keep views of the slots
     ("vllm", "collective", "shm", 2, 1, 2, 0),  # 2 FSDP2 shards -> full tensors -> 2 TP shards
     # LoRA: only adapters travel; each engine merges them into its copy of the base
     ("vllm", "collective", "shm", 2, 2, 1, 8),
@@ -57,6 +59,8 @@ def test_engines_match_learner_greedy_after_each_sync(
     finally:
         pools.shutdown()
     expected_plane = "object_store" if transport == "object_store" else plane
+    if (engine, plane, lora) == ("hf", "shm", 0):
+        expected_plane = "shm_resident"
     assert [s.data_plane for s in sent] == [expected_plane] * 3
     if lora:  # adapters only: a small fraction of the model's bytes
         model = load_model(tiny_model_dir)

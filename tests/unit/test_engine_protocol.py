@@ -12,7 +12,7 @@ from rlsys.engines.base import RolloutEngine
 from rlsys.engines.hf import HFEngine
 from rlsys.engines.vllm import VLLMEngine
 
-METHODS = ("generate", "update_weights", "sleep", "wake", "abort")
+METHODS = ("generate", "update_weights", "view_dtype", "sleep", "wake", "abort")
 
 
 def _parameters(fn) -> list[str]:
@@ -93,3 +93,30 @@ def test_an_engine_with_settings_is_built_with_them(tiny_model_dir):
             engine_settings(RolloutConfig(engine="hf_tagged", engine_args={"tg": "x"}))
     finally:
         ENGINES.unregister("hf_tagged")
+
+
+def test_the_hf_engine_adopts_received_tensors_as_its_weights(tiny_model_dir):
+    """``update_weights(adopt=True)`` (a zero-copy transport): each parameter becomes the
+    received tensor itself (same memory), tied names included; greedy output follows the
+    new weights; a tensor of another dtype is refused, naming the fix."""
+    import torch
+
+    from rlsys.config.schema import RolloutConfig
+    from rlsys.types import SamplingParams
+
+    engine = HFEngine(tiny_model_dir, "float32", RolloutConfig(), torch.device("cpu"))
+    assert engine.view_dtype() == "float32"
+    greedy = SamplingParams(greedy=True, max_new_tokens=6)
+    before = engine.generate([[5, 6, 7]], greedy)[0][0].token_ids
+    state = {k: v.clone() * 1.5 for k, v in engine.model.state_dict().items()}
+    copy = HFEngine(tiny_model_dir, "float32", RolloutConfig(), torch.device("cpu"))
+    copy.update_weights([state], 1)  # the copying path, for comparison
+    assert engine.update_weights([state], 1, adopt=True) == len(state)
+    for name, param in engine.model.named_parameters(remove_duplicate=False):
+        assert param.data_ptr() == state[name].data_ptr(), name
+    after = engine.generate([[5, 6, 7]], greedy)[0][0].token_ids
+    assert after == copy.generate([[5, 6, 7]], greedy)[0][0].token_ids
+    assert after != before  # the scaled weights change what it says
+    name = next(iter(state))
+    with pytest.raises(ValueError, match="weight_sync.zero_copy=false"):
+        engine.update_weights([{name: state[name].to(torch.bfloat16)}], 2, adopt=True)
