@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     from rlsys.config.loader import to_yaml
     from rlsys.resolve import load_config
 
+    logging.basicConfig(  # before the config is read: it logs what `auto` settings became
+        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     try:
         program = "train" if args.command in ("submit", *JOB_COMMANDS) else args.command
         cfg = load_config(args.overrides, program=program)
@@ -220,9 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rlsys {args.command}: config error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
-    )
     from rlsys.checkpoint.store import CheckpointError
     from rlsys.run.lock import RunDirInUse
     from rlsys.runtime import quiet_libraries

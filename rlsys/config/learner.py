@@ -37,7 +37,10 @@ class OptimConfig:
             )
 
 
-MIXED_PRECISION = ("bfloat16",)  # float16 would need loss scaling
+MIXED_PRECISION = (
+    "bfloat16",
+    "auto",
+)  # float16 would need loss scaling; auto: rlsys.resolve.precision
 REDUCE_DTYPES = ("float32", "bfloat16")
 ZERO_STAGES = (2, 3)
 
@@ -101,7 +104,9 @@ class LearnerConfig:
     # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
     # gathered and run in bf16); one fsdp2 rank and deepspeed: forward passes under
     # torch.autocast. Pays where the hardware has bf16 matmul units (GPUs; CPUs with AMX);
-    # several times slower than fp32 on a CPU without. null: all in model.dtype.
+    # several times slower than fp32 on a CPU without. null: all in model.dtype. auto:
+    # bfloat16 where the pool's hardware has bf16 units (GPUs; CPUs with AMX or avx512_bf16),
+    # else null; decided when the run starts and logged (rlsys/resolve/precision.py).
     mixed_precision: str | None = None
     # With mixed_precision and the model sharded (fsdp2 at world_size > 1): the dtype gradients
     # are reduce-scattered in. float32 sums ranks' bf16 gradients without rounding each partial

@@ -54,7 +54,10 @@ class RolloutConfig:
     temperature: float = 1.0  # sampling temperature; learner logprobs use the same
     top_p: float = 1.0  # nucleus sampling mass (1: full distribution)
     micro_batch_size: int = 512  # HF engine: sequences per generate() call
-    dtype: str | None = None  # engine weights dtype; null: model.dtype (e.g. fp32 learner, bf16)
+    # Engine weights and KV cache dtype; null: model.dtype (e.g. fp32 learner, bf16 engines).
+    # auto: bfloat16 where the workers' hardware has bf16 units (GPUs; CPUs with AMX or
+    # avx512_bf16), else null; decided when the run starts and logged.
+    dtype: str | None = None
     stop: list[str] = field(default_factory=list)  # stop strings (kept in the completion)
     stop_token_ids: list[int] = field(default_factory=list)  # stop tokens besides EOS
     # A weight update while requests run: false finishes them on the old weights first; true
@@ -88,7 +91,7 @@ class RolloutConfig:
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
         if self.dtype is not None:
-            one_of("rollout.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+            one_of("rollout.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"rollout.stop={list(self.stop)} must be non-empty strings")
         if self.tree.enabled and self.partial_rollouts:

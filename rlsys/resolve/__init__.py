@@ -9,6 +9,7 @@ benchmarks) loads its config through ``load_config`` or ``load_run_config``."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 from rlsys.algorithms.traits import uses_critic
@@ -19,6 +20,7 @@ from rlsys.config.schema import TrainConfig
 from rlsys.resolve.across import check_train_config
 from rlsys.resolve.names import check_names
 from rlsys.resolve.plugins import absolute, load_plugins
+from rlsys.resolve.precision import resolve_precision
 
 __all__ = ["load_config", "load_run_config", "resized", "resolve"]
 
@@ -26,10 +28,14 @@ __all__ = ["load_config", "load_run_config", "resized", "resolve"]
 def resolve(cfg: TrainConfig, program: str = "train") -> TrainConfig:
     """``cfg`` with its plugins imported (their paths made absolute), its names and
     cross-section rules checked for ``program`` (``train``, ``sft``, ``eval``, ...: each is
-    asked only for the keys it uses); raises ConfigError naming the key at fault and the fix."""
+    asked only for the keys it uses), an ``auto`` precision decided for this machine
+    (``rlsys.resolve.precision``); raises ConfigError naming the key at fault and the fix."""
     load_plugins(cfg.plugins)
     cfg = dataclasses.replace(cfg, plugins=absolute(cfg.plugins)) if cfg.plugins else cfg
     check_names(cfg)
+    cfg, notes = resolve_precision(cfg)
+    for note in notes:
+        logging.getLogger("rlsys").info("precision: %s", note)
     check_train_config(cfg, program)
     return cfg
 
