@@ -32,6 +32,10 @@ from rlsys.weight_sync.planes import (
     SharedMemoryPlane,
 )
 
+# the dtypes an engine may ask to keep its weights in (a member's announcement is checked
+# against these before the plane packs in it)
+VIEW_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 class CollectiveTransport:
     """Learner rank 0 -> every engine through a process group (gloo/shm on CPU, NCCL on GPU)."""
@@ -64,8 +68,8 @@ class CollectiveTransport:
             )
         if mode in ("auto", "shm") and group.same_node:
             (dtype,) = resident if len(resident) == 1 else (None,)
-            if self.cfg.zero_copy and dtype is not None:  # every engine keeps views of one dtype
-                return ResidentPlane(group, torch.device("cpu"), getattr(torch, dtype))
+            if self.cfg.zero_copy and dtype in VIEW_DTYPES:  # every engine keeps views of one
+                return ResidentPlane(group, torch.device("cpu"), VIEW_DTYPES[dtype])
             return SharedMemoryPlane(group, torch.device("cpu"))
         return BroadcastPlane(group, torch.device("cpu"))
 
@@ -75,7 +79,8 @@ class CollectiveTransport:
 
     @property
     def data_plane(self) -> str:
-        """Which plane carries the bytes: shm, gloo, nccl or cuda_ipc."""
+        """Which plane carries the bytes: shm, shm_resident (zero-copy), gloo, nccl or
+        cuda_ipc."""
         if isinstance(self.plane, CudaIpcPlane):
             return "cuda_ipc"
         if isinstance(self.plane, ResidentPlane):
@@ -90,7 +95,7 @@ class CollectiveTransport:
         for bucket in buckets:  # each next() gathers the following bucket from the shards
             if not bucket:
                 continue
-            slices, nbytes = layout(bucket, getattr(plane, "dtype", None))
+            slices, nbytes = layout(bucket, plane.dtype)
             slot = plane.slot(result.num_buckets)
             buffer = plane.acquire(slot, nbytes)
             pack(bucket, slices, buffer)  # the one copy on the sender (device-aware)

@@ -30,6 +30,8 @@ ACK_POLL_S = 20e-6  # sender's sleep between looks at the release counters
 class BroadcastPlane:
     """Bucket bytes broadcast from rank 0; the receiver owns a buffer per slot."""
 
+    dtype: torch.dtype | None = None  # floating tensors are packed in this dtype; None: as sent
+
     def __init__(self, group: SyncGroup, device: torch.device) -> None:
         self.group, self.device = group, device
         self.buffers: list[torch.Tensor | None] = [None] * SLOTS
