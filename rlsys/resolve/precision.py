@@ -55,8 +55,9 @@ class Bf16Units:
         return cls(bool(units), cpu_reason, gpu, gpu_reason)
 
 
-def _pick(on_gpu: bool, units: Bf16Units) -> tuple[bool, str]:
-    return (units.gpu, units.gpu_reason) if on_gpu else (units.cpu, units.cpu_reason)
+# (section, key): the keys that take ``auto``; a rollout worker's GPUs decide rollout.dtype,
+# a rank's the others
+AUTO_KEYS = (("learner", "mixed_precision"), ("critic", "mixed_precision"), ("rollout", "dtype"))
 
 
 def resolve_precision(
@@ -64,35 +65,24 @@ def resolve_precision(
 ) -> tuple[TrainConfig, list[str]]:
     """``cfg`` with every ``auto`` precision decided, and one line per decision saying what
     it became and why. ``units``: this machine's, measured when needed."""
-    auto_keys = [
-        key
-        for key, value in (
-            ("learner.mixed_precision", cfg.learner.mixed_precision),
-            ("critic.mixed_precision", cfg.critic.mixed_precision),
-            ("rollout.dtype", cfg.rollout.dtype),
-        )
-        if value == AUTO
-    ]
-    if not auto_keys:
-        return cfg, []
-    units = units or Bf16Units.here()
-    notes, changes = [], {}
-    for key in auto_keys:
-        section = key.partition(".")[0]
+    notes = []
+    for section, key in AUTO_KEYS:
         group = getattr(cfg, section)
-        gpus = group.num_gpus_per_worker if section == "rollout" else group.num_gpus_per_rank
-        bf16, reason = _pick(gpus > 0, units)
+        if getattr(group, key) != AUTO:
+            continue
+        units = units or Bf16Units.here()
+        on_gpu = (
+            group.num_gpus_per_worker if section == "rollout" else group.num_gpus_per_rank
+        ) > 0
+        bf16, reason = (units.gpu, units.gpu_reason) if on_gpu else (units.cpu, units.cpu_reason)
         if section == "rollout":
-            value, label = ("bfloat16", "bfloat16") if bf16 else (None, f"null ({cfg.model.dtype})")
+            label = "bfloat16" if bf16 else f"null ({cfg.model.dtype})"
         elif cfg.model.dtype != "float32":
-            value, label = None, "null"
+            bf16, label = False, "null"
             reason = f"model.dtype={cfg.model.dtype}: mixed precision needs fp32 master weights"
         else:
-            value, label = ("bfloat16", "bfloat16") if bf16 else (None, "null (fp32)")
-        changes.setdefault(section, {})[key.partition(".")[2]] = value
-        notes.append(f"{key}=auto -> {label}: {reason}")
-    for section, fields in changes.items():
-        cfg = dataclasses.replace(
-            cfg, **{section: dataclasses.replace(getattr(cfg, section), **fields)}
-        )
+            label = "bfloat16" if bf16 else "null (fp32)"
+        value = "bfloat16" if bf16 else None
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(group, **{key: value})})
+        notes.append(f"{section}.{key}=auto -> {label}: {reason}")
     return cfg, notes
