@@ -95,7 +95,7 @@ class RolloutWorker:
         buckets = self.transport.receive(update)
         if self.merge_adapters is not None:  # adapters in, full weights of their modules out
             buckets = self.merge_adapters(buckets)
-        adopt = self.transport.resident and self.merge_adapters is None
+        adopt = self.transport.resident  # never with merged adapters: connect announced none
         return self._on_engine_thread(self.engine.update_weights, buckets, update.version, adopt)
 
     def weights_digest(self) -> dict[str, str]:
