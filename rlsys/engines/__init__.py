@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlsys.algorithms.settings import NoSettings, build_settings
 from rlsys.engines.base import RolloutEngine
+from rlsys.engines.settings import HFSettings
 from rlsys.registry import Registry
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def build_engine(
     return builder(model_path, dtype, cfg, device, engine_settings(cfg))
 
 
-@ENGINES.register("hf")
+@ENGINES.register("hf", settings=HFSettings)
 def _hf(*args, **kwargs):
     from rlsys.engines.hf import HFEngine
 

@@ -11,6 +11,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 from rlsys.config.schema import RolloutConfig
 from rlsys.engines.base import WAKE_ALL
 from rlsys.engines.offload import ParkedWeights
+from rlsys.engines.settings import HFSettings
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.models.vision import SUPPRESS_KEY, vision_inputs, vision_token_ids
 from rlsys.types import Completion, SamplingParams
@@ -80,6 +81,27 @@ class _Sampler(LogitsProcessor):
         return picked.scatter_(-1, chosen[:, None], 0.0)
 
 
+def _compiled_decode(model, device: torch.device, settings: HFSettings) -> dict:
+    """``generate`` arguments of a compiled decode loop (``rollout.engine_args.compile``): a
+    static KV cache, so every decode step has the same shapes, and transformers' compiled
+    forward step for it; {} when off. Raises naming the setting for a model transformers
+    cannot compile."""
+    if not settings.compile:
+        return {}
+    from transformers import CompileConfig
+
+    if not getattr(model, "_can_compile_fullgraph", False):
+        raise ValueError(
+            f"rollout.engine_args.compile=true: transformers cannot compile "
+            f"{type(model).__name__}'s decode step (no static-cache support); set "
+            "rollout.engine_args.compile=false"
+        )
+    mode = settings.compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")
+    config = CompileConfig(fullgraph=False, mode=mode)
+    config._compile_all_devices = True  # transformers compiles on GPUs alone unless told
+    return {"cache_implementation": "static", "compile_config": config}
+
+
 def _top_pairs(
     steps: list[tuple[torch.Tensor, torch.Tensor]], length: int
 ) -> list[list[list[tuple[int, float]]]]:
@@ -109,9 +131,17 @@ def _top_p(logp: torch.Tensor, top_p: float) -> torch.Tensor:
 class HFEngine:
     """Generates with a plain Hugging Face model held in this process."""
 
-    def __init__(self, model_path: str, dtype: str, cfg: RolloutConfig, device: str = "cpu"):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        cfg: RolloutConfig,
+        device: str = "cpu",
+        settings: HFSettings | None = None,
+    ):
         self.device = torch.device(device)
         self.model = load_model(model_path, dtype).to(self.device)
+        self._compiled = _compiled_decode(self.model, self.device, settings or HFSettings())
         self.model_path = model_path
         self.micro = cfg.micro_batch_size
         self._aborting = threading.Event()
@@ -191,6 +221,7 @@ class HFEngine:
             return_dict_in_generate=True,
             logits_processor=LogitsProcessorList([sampler]),
             stopping_criteria=[_AbortCriteria(self._aborting)],
+            **self._compiled,
             **stop_kwargs,
             **vision,
         )

@@ -20,14 +20,26 @@ runner (``<result>error: ...</result>``, ``tool_error``) without stepping the en
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Protocol
 
 from rlsys.config.errors import ConfigError
 from rlsys.envs.base import Environment, StepResult
 from rlsys.envs.tool_formats import ToolFormat, canonical_call
-from rlsys.envs.tools import CALL_END, RESULT_END, RESULT_START, ToolCallError, format_result
+from rlsys.envs.tools import (
+    CALL_END,
+    CALL_START,
+    RESULT_END,
+    RESULT_START,
+    ToolCallError,
+    find_call,
+    format_result,
+)
 from rlsys.types import Prompt
+
+Tokens = tuple[list[int], list[int]]  # token ids and their loss mask (1: the model's)
+_CALL_BLOCK = re.compile(re.escape(CALL_START) + r".*?" + re.escape(CALL_END), re.DOTALL)
 
 
 class ChatTemplateError(ConfigError):
@@ -55,6 +67,11 @@ class Turns(Protocol):
     stop: list[str]
 
     def start(self, prompt: Prompt) -> Transcript: ...
+
+    def demonstration(self, prompt: Prompt, parts: list[tuple[str, bool]]) -> Tokens:
+        """An environment's demonstration (compact (text, is_model_turn) parts) as the SFT
+        warm start's token ids and loss mask in this format."""
+        ...
 
 
 class CompactTranscript:
@@ -85,6 +102,16 @@ class CompactTurns:
     def start(self, prompt: Prompt) -> CompactTranscript:
         return CompactTranscript(self.tokenizer, self.max_observation_tokens)
 
+    def demonstration(self, prompt: Prompt, parts: list[tuple[str, bool]]) -> Tokens:
+        """A demonstration's (text, is_model_turn) parts as token ids and loss mask, each
+        part tokenised as it is."""
+        ids, mask = [], []
+        for text, trained in parts:
+            part = self.tokenizer.encode(text, add_special_tokens=False)
+            ids += part
+            mask += [int(trained)] * len(part)
+        return ids, mask
+
 
 class ChatTurns:
     """A chat tool format over a chat template: what the runner needs per trajectory."""
@@ -110,6 +137,27 @@ class ChatTurns:
 
     def start(self, prompt: Prompt) -> ChatTranscript:
         return ChatTranscript(self, self.messages_of(prompt.text))
+
+    def demonstration(self, prompt: Prompt, parts: list[tuple[str, bool]]) -> Tokens:
+        """A demonstration written in the compact format, as token ids and loss mask in this
+        one: each compact call in a model part becomes the format's call (``call_text``),
+        each observation the template's tokens between the turns (``observation_ids``, as a
+        rollout appends them, masked out)."""
+        transcript = self.start(prompt)
+        ids, mask = [], []
+        for text, trained in parts:
+            if trained:
+                text = _CALL_BLOCK.sub(
+                    lambda m: self.fmt.call_text(find_call(m[0]), self.tools), text
+                )
+                transcript.turn_text += text
+                part = self.tokenizer.encode(text, add_special_tokens=False)
+            else:
+                part = transcript.observation_ids(text)
+                transcript.turn_text = ""
+            ids += part
+            mask += [int(trained)] * len(part)
+        return ids, mask
 
     def check_prefix_property(self) -> None:
         """Fail now, naming the template, if one tool round trip breaks the prefix property."""

@@ -65,6 +65,11 @@ class ToolFormat(ABC):
         """The chat message that carries a tool's result (chat formats only)."""
         raise NotImplementedError(f"the {self.name} tool format does not use a chat template")
 
+    def call_text(self, call: ToolCall, tools: list[dict]) -> str:
+        """``call`` as a model writes it in this format (a demonstration's calls, written by
+        an environment in the compact format; chat formats only)."""
+        raise NotImplementedError(f"the {self.name} tool format does not use a chat template")
+
 
 class CompactFormat(ToolFormat):
     """``<call>NAME ARG</call>`` (tools.py): environments parse it themselves and their
@@ -103,6 +108,9 @@ class HermesFormat(ToolFormat):
             return {"role": "tool", "content": content}
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
 
+    def call_text(self, call: ToolCall, tools: list[dict]) -> str:
+        return f"{TOOL_CALL_START}\n{json.dumps(_call_json(call, tools))}\n{TOOL_CALL_END}"
+
     @staticmethod
     def _declaration(tools: list[dict]) -> str | None:
         if not tools:
@@ -139,6 +147,9 @@ class SmolLM2Format(ToolFormat):
 
     def result_message(self, content: str) -> dict:
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+
+    def call_text(self, call: ToolCall, tools: list[dict]) -> str:
+        return f"{TOOL_CALL_START}[{json.dumps(_call_json(call, tools))}]{TOOL_CALL_END}"
 
     @staticmethod
     def _declaration(tools: list[dict]) -> str | None:
@@ -216,6 +227,22 @@ def canonical_call(call: ToolCall, tools: list[dict]) -> str:
     body = json.dumps({"name": call.name, "arguments": arguments})
     body = body.replace("<", "\\u003c").replace(">", "\\u003e")
     return f"{CALL_START}{body}{CALL_END}"
+
+
+def _call_json(call: ToolCall, tools: list[dict]) -> dict:
+    """``call`` as a chat format's JSON object: a compact string argument goes to the tool's
+    single string parameter (the inverse of ``canonical_call``)."""
+    arguments = call.arguments
+    if isinstance(arguments, str):
+        param = single_string_parameter(tools, call.name)
+        if param is None:
+            raise ValueError(
+                f"a demonstration calls {call.name}({arguments!r}) with a string, but the "
+                f"environment's tools declare no {call.name!r} with one string parameter; "
+                "declare it in the factory's tools or demonstrate the call with a JSON object"
+            )
+        arguments = {param: arguments}
+    return {"name": call.name, "arguments": arguments}
 
 
 def _first_block(text: str) -> str | None:

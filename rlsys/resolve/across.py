@@ -36,7 +36,7 @@ def check_train_config(cfg: TrainConfig, program: str = "train") -> None:
     _check_batch_feeds_groups(cfg)
     _check_replay(cfg)
     _check_tree_rollouts(cfg)
-    _check_warm_start_tool_format(cfg)
+    _check_warm_start_demonstrations(cfg)
     _check_multi_turn_advantage(cfg)
 
 
@@ -300,22 +300,13 @@ def _check_tree_rollouts(cfg: TrainConfig) -> None:
         )
 
 
-def _check_warm_start_tool_format(cfg: TrainConfig) -> None:
-    """Environments demonstrate their trajectories in the compact tool format only."""
-    task = cfg.task
-    if cfg.warm_start.enabled and task.env.name == AGENT_ENV:
+def _check_warm_start_demonstrations(cfg: TrainConfig) -> None:
+    """A user's agent has no demonstrations (environments demonstrate theirs, in any tool
+    format: ``Turns.demonstration`` writes them in the run's)."""
+    if cfg.warm_start.enabled and cfg.task.env.name == AGENT_ENV:
         raise ConfigError(
             "warm_start.enabled=true with task.env.name=openai_agent: a user agent has no "
             "demonstrations to warm-start from; set warm_start.enabled=false"
-        )
-    chat_tools = task.chat_template and task.env.tool_format != "compact"
-    if cfg.warm_start.enabled and task.env.name is not None and chat_tools:
-        raise ConfigError(
-            f"warm_start.enabled=true with task.env.name={task.env.name}, "
-            f"task.chat_template=true and task.env.tool_format={task.env.tool_format}: the SFT "
-            "warm start demonstrates tool calls in the compact <call> format, not the chat "
-            "format the rollout parses; set warm_start.enabled=false (pretrained chat models "
-            "need none) or task.env.tool_format=compact"
         )
 
 

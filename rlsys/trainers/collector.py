@@ -277,11 +277,8 @@ class RolloutCollector:
         if self.episodes is None:
             ids = self.tokenizer.encode(prompt.answer, add_special_tokens=False) + [eos]
             return ids, [1] * len(ids)
-        ids, mask = [], []
-        for text, trained in self.episodes.factory.demonstration(prompt):
-            part = self.tokenizer.encode(text, add_special_tokens=False)
-            ids += part
-            mask += [int(trained)] * len(part)
+        parts = self.episodes.factory.demonstration(prompt)
+        ids, mask = self.episodes.turns.demonstration(prompt, parts)  # in the run's tool format
         return ids + [eos], mask + [1]
 
     def build_groups(

@@ -212,6 +212,18 @@ def test_a_template_that_rewrites_earlier_turns_fails_naming_template_and_key(sm
         ChatTurns(HermesFormat(), Calculator(), smol, PromptFormat(chat_template=True).messages, 9)
 
 
+def _calculator_task(tool_format: str = "auto") -> TaskConfig:
+    """Word problems with the calculator, in a chat template, the tools in ``tool_format``."""
+    return TaskConfig(
+        name="word_problems",
+        reward="env",
+        reverse_answer=False,
+        chat_template=True,
+        max_prompt_tokens=512,
+        env=EnvConfig(name="calculator", tool_format=tool_format, max_total_tokens=400),
+    )
+
+
 class FixedEngine:
     """Replies with fixed texts as the token ids the tokenizer gives them ("$": + EOS)."""
 
@@ -233,14 +245,7 @@ class FixedEngine:
 
 
 def test_episode_runner_speaks_hermes_to_the_calculator_without_retokenising(qwen):
-    task = TaskConfig(
-        name="word_problems",
-        reward="env",
-        reverse_answer=False,
-        chat_template=True,
-        max_prompt_tokens=512,
-        env=EnvConfig(name="calculator", tool_format="hermes", max_total_tokens=400),
-    )
+    task = _calculator_task("hermes")
     collector = RolloutCollector.for_task(None, qwen, task)
     prompt = Prompt(0, "Ann buys 37 bags of 48 pens. How many pens?", "1776")
     _, [prompt_ids] = collector.encode([prompt])
@@ -275,14 +280,7 @@ def test_episode_runner_speaks_hermes_to_the_calculator_without_retokenising(qwe
 
 
 def test_smollm2_runner_trajectory_matches_its_rerendered_conversation(smol):
-    task = TaskConfig(
-        name="word_problems",
-        reward="env",
-        reverse_answer=False,
-        chat_template=True,
-        max_prompt_tokens=512,
-        env=EnvConfig(name="calculator", max_total_tokens=400),  # auto: smollm2 here
-    )
+    task = _calculator_task()  # auto: smollm2 here
     collector = RolloutCollector.for_task(None, smol, task)
     prompt = Prompt(0, "Bo has 6 boxes of 7 eggs. How many eggs?", "42")
     _, [prompt_ids] = collector.encode([prompt])
@@ -306,6 +304,35 @@ def test_smollm2_runner_trajectory_matches_its_rerendered_conversation(smol):
     assert sum(c.mask) == len(model) + 1  # the call, the answer and EOS
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "smollm2"])
+def test_a_warm_start_demonstration_is_a_trajectory_in_the_chat_format(fmt, qwen, smol):
+    """The calculator's compact demonstration, rewritten in a chat format, gives the token ids
+    and loss mask of the trajectory a rollout records when the model makes that call in that
+    format and answers: the call as the format writes it, the template's tool turn masked."""
+    tokenizer = qwen if fmt == "hermes" else smol
+    task = _calculator_task(fmt)
+    collector = RolloutCollector.for_task(None, tokenizer, task)
+    turns = collector.episodes.turns
+    call = turns.fmt.call_text(ToolCall("calc", "6*7"), Calculator.tools)
+    assert turns.fmt.parse(call) == ToolCall("calc", {"expression": "6*7"})
+    assert call == (
+        CALL.replace("37*48", "6*7")
+        if fmt == "hermes"
+        else '<tool_call>[{"name": "calc", "arguments": {"expression": "6*7"}}]</tool_call>'
+    )
+    prompt = Prompt(0, "Bo has 6 boxes of 7 eggs. How many eggs?", "42", {"expression": "6*7"})
+    ids, mask = collector.demonstration(prompt)
+    _, [prompt_ids] = collector.encode([prompt])
+    engine = FixedEngine(tokenizer, [call, "42$"])
+    [[c]] = collector.episodes.run(
+        [prompt], [prompt_ids], SamplingParams(max_new_tokens=64), engine
+    )
+    assert c.episode.correct and c.episode.tool_calls == 1
+    assert (ids, mask) == (c.token_ids, c.mask)
+    with pytest.raises(ValueError, match="no 'lookup' with one string parameter"):
+        turns.fmt.call_text(ToolCall("lookup", "x"), Calculator.tools)
+
+
 def test_compact_format_with_a_chat_template_keeps_the_plain_prompt(qwen):
     task = TaskConfig(
         name="word_problems",
@@ -326,15 +353,11 @@ def test_compact_format_with_a_chat_template_keeps_the_plain_prompt(qwen):
     [
         (["task=calculator_tool", "task.env.tool_format=hermes"], ["task.chat_template=true"]),
         (["task.env.tool_format=json"], ["task.env.tool_format", "auto"]),
-        (
-            ["task=calculator_tool", "task.chat_template=true"],
-            ["warm_start.enabled=false", "task.env.tool_format=compact"],
-        ),
     ],
 )
 def test_tool_format_keys_are_checked(overrides, needles):
     with pytest.raises(ConfigError) as info:
         load_config(overrides)
     assert all(needle in str(info.value) for needle in needles)
-    ok = ["task=calculator_tool", "task.chat_template=true", "warm_start.enabled=false"]
+    ok = ["task=calculator_tool", "task.chat_template=true"]  # warm start in the chat format
     assert load_config(ok).task.env.tool_format == "auto"

@@ -1,0 +1,26 @@
+"""The built-in HF engine's own settings, ``rollout.engine_args`` when ``rollout.engine=hf``
+(torch-free: the config checks them without loading the engine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass(frozen=True)
+class HFSettings:
+    """``rollout.engine_args={compile: true}`` decodes with a static KV cache and the model's
+    forward step compiled by ``torch.compile`` (transformers' compiled ``generate``). The
+    first calls pay the compile (and one recompile when the batch size first changes); the
+    cache grows to the longest prompt + budget seen and keeps that size, so later calls reuse
+    the compiled step. Needs a C++ compiler on CPU. docs/roofline.md ("A compiled decode loop") has the measured gain."""
+
+    compile: bool = False
+    # torch.compile mode of the decode step; null: "reduce-overhead" on GPUs (CUDA graphs),
+    # "default" on CPUs (there is no graph replay on a CPU)
+    compile_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode={self.compile_mode!r} must be one of {COMPILE_MODES}")
