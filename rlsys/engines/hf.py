@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Iterable
 
@@ -96,6 +97,12 @@ def _compiled_decode(model, device: torch.device, settings: HFSettings) -> dict:
             f"{type(model).__name__}'s decode step (no static-cache support); set "
             "rollout.engine_args.compile=false"
         )
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise ValueError(
+            "rollout.engine_args.compile=true needs a C++ compiler on a CPU (torch.compile's "
+            "inductor builds the decode step with one) and this machine has none on PATH; "
+            "install g++ or set rollout.engine_args.compile=false"
+        )
     mode = settings.compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")
     config = CompileConfig(fullgraph=False, mode=mode)
     config._compile_all_devices = True  # transformers compiles on GPUs alone unless told
@@ -141,7 +148,9 @@ class HFEngine:
     ):
         self.device = torch.device(device)
         self.model = load_model(model_path, dtype).to(self.device)
-        self._compiled = _compiled_decode(self.model, self.device, settings or HFSettings())
+        # a plugin subclass registered with settings of its own passes those: not ours
+        own = settings if isinstance(settings, HFSettings) else HFSettings()
+        self._compiled = _compiled_decode(self.model, self.device, own)
         self.model_path = model_path
         self.micro = cfg.micro_batch_size
         self._aborting = threading.Event()

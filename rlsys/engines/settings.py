@@ -12,9 +12,11 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 class HFSettings:
     """``rollout.engine_args={compile: true}`` decodes with a static KV cache and the model's
     forward step compiled by ``torch.compile`` (transformers' compiled ``generate``). The
-    first calls pay the compile (and one recompile when the batch size first changes); the
-    cache grows to the longest prompt + budget seen and keeps that size, so later calls reuse
-    the compiled step. Needs a C++ compiler on CPU. docs/roofline.md ("A compiled decode loop") has the measured gain."""
+    first calls pay the compile, and every new batch size (a multi-turn or asynchronous
+    rollout's calls vary) compiles again (on a GPU, ``reduce-overhead`` records a CUDA graph
+    per shape); the cache grows to the longest prompt + budget seen and keeps that size. Needs
+    a C++ compiler on CPU. On this project's 2-core CPU it decoded 0.71-0.93x as fast as the
+    eager loop, so it is off (docs/roofline.md, "A compiled decode loop")."""
 
     compile: bool = False
     # torch.compile mode of the decode step; null: "reduce-overhead" on GPUs (CUDA graphs),
@@ -22,5 +24,7 @@ class HFSettings:
     compile_mode: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile={self.compile!r} must be true or false")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode={self.compile_mode!r} must be one of {COMPILE_MODES}")

@@ -103,11 +103,16 @@ class CompactTurns:
         return CompactTranscript(self.tokenizer, self.max_observation_tokens)
 
     def demonstration(self, prompt: Prompt, parts: list[tuple[str, bool]]) -> Tokens:
-        """A demonstration's (text, is_model_turn) parts as token ids and loss mask, each
-        part tokenised as it is."""
+        """A demonstration's (text, is_model_turn) parts as token ids and loss mask: model
+        parts tokenised as they are, observations as a rollout appends them (cut to
+        ``task.env.max_observation_tokens``)."""
+        transcript = self.start(prompt)
         ids, mask = [], []
         for text, trained in parts:
-            part = self.tokenizer.encode(text, add_special_tokens=False)
+            if trained:
+                part = self.tokenizer.encode(text, add_special_tokens=False)
+            else:
+                part = transcript.observation_ids(text)
             ids += part
             mask += [int(trained)] * len(part)
         return ids, mask
@@ -147,9 +152,7 @@ class ChatTurns:
         ids, mask = [], []
         for text, trained in parts:
             if trained:
-                text = _CALL_BLOCK.sub(
-                    lambda m: self.fmt.call_text(find_call(m[0]), self.tools), text
-                )
+                text = _CALL_BLOCK.sub(lambda m: self._call_text(m[0]), text)
                 transcript.turn_text += text
                 part = self.tokenizer.encode(text, add_special_tokens=False)
             else:
@@ -158,6 +161,18 @@ class ChatTurns:
             ids += part
             mask += [int(trained)] * len(part)
         return ids, mask
+
+    def _call_text(self, compact: str) -> str:
+        """A demonstration's compact call as this format writes it; ConfigError naming the
+        keys when the environment's declared tools cannot carry it."""
+        try:
+            return self.fmt.call_text(find_call(compact), self.tools)
+        except ValueError as exc:
+            raise ConfigError(
+                f"the warm start cannot write this environment's demonstrations in "
+                f"task.env.tool_format={self.fmt.name}: {exc}; set warm_start.enabled=false or "
+                "task.env.tool_format=compact"
+            ) from exc
 
     def check_prefix_property(self) -> None:
         """Fail now, naming the template, if one tool round trip breaks the prefix property."""

@@ -235,6 +235,8 @@ def _call_json(call: ToolCall, tools: list[dict]) -> dict:
     arguments = call.arguments
     if isinstance(arguments, str):
         param = single_string_parameter(tools, call.name)
+        if param is None and not arguments.strip():
+            return {"name": call.name, "arguments": {}}  # <call>name</call>: no arguments
         if param is None:
             raise ValueError(
                 f"a demonstration calls {call.name}({arguments!r}) with a string, but the "

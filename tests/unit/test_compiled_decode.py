@@ -69,5 +69,7 @@ def test_the_hf_engine_settings_come_from_engine_args():
     assert engine_settings(RolloutConfig(engine_args={"compile": True})) == HFSettings(True)
     with pytest.raises(ConfigError, match=r"rollout.engine_args: compile_mode='fast' must be"):
         engine_settings(RolloutConfig(engine_args={"compile_mode": "fast"}))
+    with pytest.raises(ConfigError, match=r"compile='false' must be true or false"):
+        engine_settings(RolloutConfig(engine_args={"compile": "false"}))
     with pytest.raises(ConfigError, match=r"rollout.engine_args.compiled is not a setting"):
         engine_settings(RolloutConfig(engine_args={"compiled": True}))

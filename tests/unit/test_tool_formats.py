@@ -331,6 +331,9 @@ def test_a_warm_start_demonstration_is_a_trajectory_in_the_chat_format(fmt, qwen
     assert (ids, mask) == (c.token_ids, c.mask)
     with pytest.raises(ValueError, match="no 'lookup' with one string parameter"):
         turns.fmt.call_text(ToolCall("lookup", "x"), Calculator.tools)
+    with pytest.raises(ConfigError, match="warm_start.enabled=false or task.env.tool_format="):
+        turns._call_text("<call>lookup x</call>")  # an environment declaring no such tool
+    assert '"arguments": {}' in turns.fmt.call_text(ToolCall("ping", ""), Calculator.tools)
 
 
 def test_compact_format_with_a_chat_template_keeps_the_plain_prompt(qwen):
