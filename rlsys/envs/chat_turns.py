@@ -20,7 +20,6 @@ runner (``<result>error: ...</result>``, ``tool_error``) without stepping the en
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from typing import Protocol
 
@@ -28,8 +27,8 @@ from rlsys.config.errors import ConfigError
 from rlsys.envs.base import Environment, StepResult
 from rlsys.envs.tool_formats import ToolFormat, canonical_call
 from rlsys.envs.tools import (
+    CALL_BLOCK,
     CALL_END,
-    CALL_START,
     RESULT_END,
     RESULT_START,
     ToolCallError,
@@ -39,7 +38,6 @@ from rlsys.envs.tools import (
 from rlsys.types import Prompt
 
 Tokens = tuple[list[int], list[int]]  # token ids and their loss mask (1: the model's)
-_CALL_BLOCK = re.compile(re.escape(CALL_START) + r".*?" + re.escape(CALL_END), re.DOTALL)
 
 
 class ChatTemplateError(ConfigError):
@@ -152,7 +150,7 @@ class ChatTurns:
         ids, mask = [], []
         for text, trained in parts:
             if trained:
-                text = _CALL_BLOCK.sub(lambda m: self._call_text(m[0]), text)
+                text = CALL_BLOCK.sub(lambda m: self._call_text(m[0]), text)
                 transcript.turn_text += text
                 part = self.tokenizer.encode(text, add_special_tokens=False)
             else:

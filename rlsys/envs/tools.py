@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 CALL_START, CALL_END = "<call>", "</call>"
 RESULT_START, RESULT_END = "<result>", "</result>"
-_CALL = re.compile(re.escape(CALL_START) + r"(.*?)" + re.escape(CALL_END), re.DOTALL)
+CALL_BLOCK = re.compile(re.escape(CALL_START) + r"(.*?)" + re.escape(CALL_END), re.DOTALL)
 _NAME = re.compile(r"[A-Za-z_][\w.-]*")
 
 
@@ -35,7 +35,7 @@ class ToolCallError(ValueError):
 def find_call(text: str) -> ToolCall | None:
     """The last tool call in a model turn; None if it has no ``<call>...</call>`` block.
     Raises ToolCallError for a block that is there but malformed."""
-    blocks = _CALL.findall(text)
+    blocks = CALL_BLOCK.findall(text)
     if not blocks:
         return None
     body = blocks[-1].strip()
