@@ -1,22 +1,25 @@
-"""The HF engine's decode loop, eager against compiled (``rollout.engine_args.compile``).
+"""The HF engine's decode loop in its variants (``rollout.engine_args``), side by side.
 
     python scripts/bench_decode.py [--model smollm2-135m] [--task arithmetic_chat]
-        [--dtype bfloat16] [--workloads 2x8x128,4x8x16] [--repeats 3] [--json out.json]
+        [--dtype bfloat16] [--workloads 2x8x128,4x8x16] [--variants sdpa,matmul]
+        [--repeats 3] [--json out.json]
 
 A workload ``PxSxT`` is P prompts (the task's first training prompts, rendered as rlsys sends
 them) x S samples x T new tokens, sampled at temperature 1 in one ``generate`` call. Every row
-decodes its whole budget (the engine's end tokens are cleared), so both loops take the same
-decode steps whatever they sample. Two engines hold the same weights in ``--dtype``: eager
-(today's loop) and compiled (a static KV cache and ``torch.compile`` of the forward step). The
-compiled engine's first two calls of each workload are timed apart as its compile cost
-(``compile_s``): the second call with a static cache of the final size can still recompile.
-Then ``--repeats`` rounds alternate the two engines (the order flips each round, so drift on
-a shared machine falls on both); per workload it prints each loop's median seconds and
-generated tokens/s, the speed-up per round and its median, and ``decode_bw_frac``: the
-weight bytes one decode step reads x the decode steps, over the seconds, over this machine's
-memory-copy bandwidth measured in the same run (docs/roofline.md). The load average before
-each round is recorded: on 2 cores a load above ~2 means something else shared them.
-The CPU line (model, AMX) comes first.
+decodes its whole budget (the engine's end tokens are cleared), so every loop takes the same
+decode steps whatever it samples. One engine per variant holds the same weights in
+``--dtype``: ``sdpa`` (decode steps through torch's SDPA kernel), ``matmul`` (decode steps as
+two matmuls, ``decode_attention=matmul``, the CPU default) and ``compiled`` (a static KV cache
+and ``torch.compile`` of the forward step, ``compile=true``). Each engine's first two calls of
+each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
+the second call with a static cache of the final size can still recompile). Then
+``--repeats`` rounds run the variants in turn (the order rotates each round, so drift on a
+shared machine falls on all); per workload it prints each variant's median seconds and
+generated tokens/s, each variant's speed over the first one's per round and its median, and
+``decode_bw_frac``: the weight bytes one decode step reads x the decode steps, over the
+seconds, over this machine's memory-copy bandwidth measured in the same run
+(docs/roofline.md). The load average before each round is recorded: on 2 cores a load above
+~2 means something else shared them. The CPU line (model, AMX) comes first.
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ import os
 import statistics
 import sys
 import time
+
+# each variant's rollout.engine_args (HFSettings)
+VARIANTS = {
+    "sdpa": {"decode_attention": "sdpa"},
+    "matmul": {"decode_attention": "matmul"},
+    "compiled": {"compile": True},
+}
 
 
 def _workload(text: str) -> tuple[int, int, int]:
@@ -50,11 +60,8 @@ def _prompt_ids(model: str, task: str, count: int) -> tuple[str, list[list[int]]
 
     cfg = load_config([f"model={model}", f"task={task}"])
     path = resolve_model_path(cfg.model)
-    tokenizer = load_tokenizer(path)
-    render = RolloutCollector.for_task(None, tokenizer, cfg.task, cfg.reward).prompt_format
-    prompts = load_task(cfg.task, cfg.run.seed).train[:count]
-    texts = [render.render(p.text, tokenizer) for p in prompts]
-    return path, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    collector = RolloutCollector.for_task(None, load_tokenizer(path), cfg.task, cfg.reward)
+    return path, collector.encode(load_task(cfg.task, cfg.run.seed).train[:count])[1]
 
 
 def main() -> int:
@@ -63,12 +70,21 @@ def main() -> int:
     parser.add_argument("--task", default="arithmetic_chat", help="a conf/task preset")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--workloads", default="2x8x128,4x8x16")
+    parser.add_argument(
+        "--variants",
+        default="sdpa,matmul",
+        help=f"comma-separated, the first is the baseline: {', '.join(VARIANTS)}",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write one record per workload here")
     args = parser.parse_args()
     workloads = [_workload(w) for w in args.workloads.split(",") if w]
     if not workloads or args.repeats < 1:
         parser.error("give at least one workload and --repeats >= 1")
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or len(variants) < 2 or len(set(variants)) < len(variants):
+        parser.error(f"--variants: give two or more distinct ones of {', '.join(VARIANTS)}")
 
     import torch
 
@@ -84,12 +100,12 @@ def main() -> int:
     path, ids = _prompt_ids(args.model, args.task, max(p for p, _, _ in workloads))
     cfg = RolloutConfig()
     engines = {
-        "eager": HFEngine(path, args.dtype, cfg, "cpu"),
-        "compiled": HFEngine(path, args.dtype, cfg, "cpu", HFSettings(compile=True)),
+        v: HFEngine(path, args.dtype, cfg, "cpu", HFSettings(**VARIANTS[v])) for v in variants
     }
     for engine in engines.values():
         engine.eos_ids = set()  # every row decodes its whole budget
-    shape = ModelShape.from_config(engines["eager"].model.config)
+    base = variants[0]
+    shape = ModelShape.from_config(engines[base].model.config)
     step_bytes = decode_weight_bytes(shape, args.dtype)
     memcpy = copy_gbps(torch.device("cpu"))
     print(
@@ -109,35 +125,31 @@ def main() -> int:
             engine.generate(batch, sampling)
             return time.perf_counter() - start
 
-        compile_s = [timed(engines["compiled"]) for _ in range(2)]
+        warmup = {v: [timed(engines[v]) for _ in range(2)] for v in variants}
         print(
-            f"{name}: compiled engine's first calls {compile_s[0]:.1f} s, {compile_s[1]:.1f} s",
+            f"{name}: first two calls "
+            + "; ".join(f"{v} {a:.1f} s, {b:.1f} s" for v, (a, b) in warmup.items()),
             flush=True,
         )
-        seconds: dict[str, list[float]] = {"eager": [], "compiled": []}
+        seconds: dict[str, list[float]] = {v: [] for v in variants}
         loads = []
         for round_ in range(args.repeats):
             loads.append(os.getloadavg()[0])
-            order = ["eager", "compiled"] if round_ % 2 == 0 else ["compiled", "eager"]
-            for label in order:
+            shift = round_ % len(variants)
+            for label in variants[shift:] + variants[:shift]:
                 seconds[label].append(timed(engines[label]))
         generated = prompts * samples * tokens
-        speedups = [e / c for e, c in zip(seconds["eager"], seconds["compiled"], strict=True)]
-        record = {
-            "workload": name,
-            "dtype": args.dtype,
-            "compile_s": compile_s,
-            "loads": loads,
-            "memcpy_gbps": memcpy,
-            "speedup_median": statistics.median(speedups),
-            "speedups": speedups,
-        }
+        record = {"workload": name, "dtype": args.dtype, "loads": loads, "memcpy_gbps": memcpy}
         for label, runs in seconds.items():
             median = statistics.median(runs)
+            speedups = [b / s for b, s in zip(seconds[base], runs, strict=True)]
             record[label] = {
                 "seconds": runs,
+                "warmup_s": warmup[label],
                 "tokens_per_s": generated / median,
                 "decode_bw_frac": step_bytes * tokens / median / 1e9 / memcpy,
+                "speedups": speedups,
+                "speedup_median": statistics.median(speedups),
             }
             print(
                 f"  {label:8s} {median:7.2f} s  {generated / median:8.1f} tok/s  "
@@ -145,12 +157,13 @@ def main() -> int:
                 f"(rounds: {', '.join(f'{s:.2f}' for s in runs)})",
                 flush=True,
             )
-        print(
-            f"  compiled / eager speed: {record['speedup_median']:.2f}x "
-            f"(rounds: {', '.join(f'{s:.2f}' for s in speedups)}; load before each: "
-            f"{', '.join(f'{v:.1f}' for v in loads)})",
-            flush=True,
-        )
+        for label in variants[1:]:
+            print(
+                f"  {label} / {base} speed: {record[label]['speedup_median']:.2f}x (rounds: "
+                f"{', '.join(f'{s:.2f}' for s in record[label]['speedups'])})",
+                flush=True,
+            )
+        print(f"  load before each round: {', '.join(f'{v:.1f}' for v in loads)}", flush=True)
         records.append(record)
     if args.json:
         with open(args.json, "w") as f:

@@ -13,6 +13,7 @@ from rlsys.config.schema import RolloutConfig
 from rlsys.engines.base import WAKE_ALL
 from rlsys.engines.offload import ParkedWeights
 from rlsys.engines.settings import HFSettings
+from rlsys.models.attention import use_decode_matmul
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.models.vision import SUPPRESS_KEY, vision_inputs, vision_token_ids
 from rlsys.types import Completion, SamplingParams
@@ -150,6 +151,8 @@ class HFEngine:
         self.model = load_model(model_path, dtype).to(self.device)
         # a plugin subclass registered with settings of its own passes those: not ours
         own = settings if isinstance(settings, HFSettings) else HFSettings()
+        if own.matmul_decode(self.device.type):
+            use_decode_matmul(self.model)
         self._compiled = _compiled_decode(self.model, self.device, own)
         self.model_path = model_path
         self.micro = cfg.micro_batch_size

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+DECODE_ATTENTION = ("auto", "sdpa", "matmul")
 
 
 @dataclass(frozen=True)
@@ -16,15 +17,33 @@ class HFSettings:
     rollout's calls vary) compiles again (on a GPU, ``reduce-overhead`` records a CUDA graph
     per shape); the cache grows to the longest prompt + budget seen and keeps that size. Needs
     a C++ compiler on CPU. On this project's 2-core CPU it decoded 0.71-0.93x as fast as the
-    eager loop, so it is off (docs/roofline.md, "A compiled decode loop")."""
+    eager loop, so it is off (docs/roofline.md, "A compiled decode loop").
+
+    ``decode_attention`` picks how a decode step (one new token a row) attends in a model on
+    SDPA: ``matmul`` computes it as two matmuls (rlsys/models/attention.py), ``sdpa`` calls
+    torch's kernel, ``auto`` is matmul on CPUs and sdpa on GPUs (their kernels are fast for one
+    query token). Prefill is SDPA either way; a vision-language model keeps SDPA throughout."""
 
     compile: bool = False
     # torch.compile mode of the decode step; null: "reduce-overhead" on GPUs (CUDA graphs),
     # "default" on CPUs (there is no graph replay on a CPU)
     compile_mode: str | None = None
+    # attention of a decode step (one query token) in an SDPA model: matmul (two matmuls,
+    # rlsys/models/attention.py), sdpa (torch's kernel), auto: matmul on CPUs, sdpa on GPUs
+    decode_attention: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile={self.compile!r} must be true or false")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode={self.compile_mode!r} must be one of {COMPILE_MODES}")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ValueError(
+                f"decode_attention={self.decode_attention!r} must be one of {DECODE_ATTENTION}"
+            )
+
+    def matmul_decode(self, device_type: str) -> bool:
+        """Whether decode steps run as matmuls on a ``device_type`` engine."""
+        if self.decode_attention == "auto":
+            return device_type == "cpu"
+        return self.decode_attention == "matmul"

@@ -17,7 +17,13 @@ import operator
 from rlsys.config.env import EnvConfig
 from rlsys.envs.base import StepResult
 from rlsys.envs.registry import ENVS
-from rlsys.envs.tools import ToolCallError, find_call, format_call, format_result
+from rlsys.envs.tools import (
+    ToolCallError,
+    find_call,
+    format_call,
+    format_result,
+    string_tool,
+)
 from rlsys.rewards.registry import numbers_in, same_number
 from rlsys.types import Prompt
 
@@ -97,18 +103,12 @@ class Calculator:
 
     stop = ["</call>"]  # a model turn ends when its call is complete
     tools = [  # what a chat tool format declares in the prompt
-        {
-            "type": "function",
-            "function": {
-                "name": "calc",
-                "description": "Evaluate an arithmetic expression (+ - * / // % and parentheses).",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"expression": {"type": "string", "description": "e.g. 37*48"}},
-                    "required": ["expression"],
-                },
-            },
-        }
+        string_tool(
+            "calc",
+            "Evaluate an arithmetic expression (+ - * / // % and parentheses).",
+            "expression",
+            "e.g. 37*48",
+        )
     ]
 
     def __init__(self, cfg: EnvConfig | None = None) -> None:

@@ -21,7 +21,14 @@ from rlsys.envs.answers import exact_match, same_values
 from rlsys.envs.base import StepResult
 from rlsys.envs.registry import ENVS
 from rlsys.envs.search import SearchIndex
-from rlsys.envs.tools import CALL_END, ToolCallError, find_call, format_call, format_result
+from rlsys.envs.tools import (
+    CALL_END,
+    ToolCallError,
+    find_call,
+    format_call,
+    format_result,
+    string_tool,
+)
 from rlsys.types import Prompt
 
 CACHED = 256  # databases / indexes kept per worker (a step's prompts share them)
@@ -73,6 +80,14 @@ class SQLEnvironment:
     the reference query ``meta["query"]`` and copying its result."""
 
     stop = [CALL_END]
+    tools = [  # what a chat tool format declares in the prompt
+        string_tool(
+            "sql",
+            "Run one read-only SQLite query on the question's database; returns its rows.",
+            "query",
+            "e.g. SELECT name FROM people WHERE age > 30",
+        )
+    ]
 
     def __init__(self, cfg: EnvConfig | None = None) -> None:
         self.limits = (cfg or EnvConfig()).sql
@@ -104,6 +119,14 @@ class SearchEnvironment:
     the searches of ``meta["searches"]`` (one per hop) and the answer."""
 
     stop = [CALL_END]
+    tools = [
+        string_tool(
+            "search",
+            "Full-text search over the question's passages; returns the best matches.",
+            "query",
+            "words to look for, e.g. Dee city",
+        )
+    ]
 
     def __init__(self, cfg: EnvConfig | None = None) -> None:
         self.limits = (cfg or EnvConfig()).search

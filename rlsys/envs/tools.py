@@ -28,6 +28,18 @@ class ToolCall:
     arguments: str | dict
 
 
+def string_tool(name: str, description: str, parameter: str, about: str) -> dict:
+    """The OpenAI-style function spec of a tool that takes one string, ``parameter`` (what a
+    chat tool format declares in the prompt; a compact ``<call>NAME TEXT</call>`` passes the
+    same string)."""
+    properties = {parameter: {"type": "string", "description": about}}
+    schema = {"type": "object", "properties": properties, "required": [parameter]}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": schema},
+    }
+
+
 class ToolCallError(ValueError):
     """A ``<call>`` block that does not parse."""
 

@@ -336,6 +336,40 @@ def test_a_warm_start_demonstration_is_a_trajectory_in_the_chat_format(fmt, qwen
     assert '"arguments": {}' in turns.fmt.call_text(ToolCall("ping", ""), Calculator.tools)
 
 
+@pytest.mark.parametrize("task_name", ["sql", "search"])
+def test_the_lookup_tasks_warm_start_in_a_chat_format(task_name, smol):
+    """``task=sql`` and ``task=search`` declare their tool, so their demonstrations (search: one
+    call per hop) are written in SmolLM2's format too, token for token the trajectory of a
+    rollout that makes those calls and answers."""
+    from rlsys.data.tasks import load_task
+    from rlsys.envs.registry import make_factory
+
+    cfg = load_config(
+        [f"task={task_name}", "task.chat_template=true", "task.env.tool_format=smollm2"]
+        + ["task.max_prompt_tokens=1024", "task.env.max_total_tokens=1024"]
+    ).task
+    prompt = load_task(cfg, 0).train[0]
+    collector = RolloutCollector.for_task(None, smol, cfg)
+    factory = make_factory(cfg.env)
+    replies = []
+    for text, by_model in factory.demonstration(prompt):
+        call = find_call(text) if by_model else None
+        if by_model:
+            replies.append(text + "$" if call is None else smol_call(call, factory.tools))
+    assert len(replies) == 1 + len(prompt.meta.get("searches", [None]))
+    ids, mask = collector.demonstration(prompt)
+    _, [prompt_ids] = collector.encode([prompt])
+    [[c]] = collector.episodes.run(
+        [prompt], [prompt_ids], SamplingParams(max_new_tokens=64), FixedEngine(smol, replies)
+    )
+    assert c.episode.correct and c.episode.tool_calls == len(replies) - 1
+    assert (ids, mask) == (c.token_ids, c.mask)
+
+
+def smol_call(call: ToolCall, tools: list[dict]) -> str:
+    return SmolLM2Format().call_text(call, tools)
+
+
 def test_compact_format_with_a_chat_template_keeps_the_plain_prompt(qwen):
     task = TaskConfig(
         name="word_problems",
