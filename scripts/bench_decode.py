@@ -10,7 +10,8 @@ decodes its whole budget (the engine's end tokens are cleared), so every loop ta
 decode steps whatever it samples. One engine per variant holds the same weights in
 ``--dtype``: ``sdpa`` (decode steps through torch's SDPA kernel), ``matmul`` (decode steps as
 two matmuls, ``decode_attention=matmul``, the CPU default) and ``compiled`` (a static KV cache
-and ``torch.compile`` of the forward step, ``compile=true``). Each engine's first two calls of
+and ``torch.compile`` of the forward step, ``compile=true``, attending through SDPA as when it
+was first measured). Each engine's first two calls of
 each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
 the second call with a static cache of the final size can still recompile). Then
 ``--repeats`` rounds run the variants in turn (the order rotates each round, so drift on a
@@ -35,7 +36,7 @@ import time
 VARIANTS = {
     "sdpa": {"decode_attention": "sdpa"},
     "matmul": {"decode_attention": "matmul"},
-    "compiled": {"compile": True},
+    "compiled": {"compile": True, "decode_attention": "sdpa"},
 }
 
 

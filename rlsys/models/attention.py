@@ -57,13 +57,14 @@ def use_fp32_attention(model: torch.nn.Module) -> bool:
     if getattr(target.config, "_attn_implementation", None) not in ("sdpa", FP32_SDPA):
         return False
     _register(FP32_SDPA, _sdpa_fp32)
-    target.set_attn_implementation(FP32_SDPA)
-    return True
+    target.set_attn_implementation(FP32_SDPA)  # a model that cannot switch only warns
+    return target.config._attn_implementation == FP32_SDPA
 
 
 def _decode_matmul(module, query, key, value, attention_mask, **kwargs):
     """SDPA's result for one query token as two matmuls; anything else goes to SDPA. Scores
-    and softmax in fp32, as SDPA's kernels accumulate."""
+    and softmax in fp32, as SDPA's kernels accumulate; the weights meet the values in their
+    dtype."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, length, dim = query.shape
@@ -72,17 +73,18 @@ def _decode_matmul(module, query, key, value, attention_mask, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kv_heads = key.shape[1]
     scale = kwargs.get("scaling") or dim**-0.5
-    # query head h reads key/value head h // group (transformers' repeat_kv order)
-    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # (B, KV, group, S)
+    # query head h reads key/value head h // group (transformers' repeat_kv order); the
+    # scores in fp32 from the start: a bf16 product would round them before the softmax
+    q = query.reshape(batch, kv_heads, heads // kv_heads, dim).float()
+    scores = torch.matmul(q, key.float().transpose(-1, -2)) * scale  # (B, KV, group, S)
     if attention_mask is not None:  # (B, 1, 1, S): bool (True attends) or additive
         if attention_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attention_mask, float("-inf"))
         else:
             scores = scores + attention_mask
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(weights, value)  # (B, KV, group, dim)
-    return out.reshape(batch, 1, heads, dim), None
+    out = torch.matmul(weights, value)  # (B, KV, group, value dim: MLA's differs from dim)
+    return out.reshape(batch, 1, heads, value.shape[-1]), None
 
 
 def use_decode_matmul(model: torch.nn.Module) -> bool:
@@ -94,4 +96,4 @@ def use_decode_matmul(model: torch.nn.Module) -> bool:
         return False
     _register(DECODE_MATMUL, _decode_matmul)
     model.set_attn_implementation(DECODE_MATMUL)
-    return True
+    return config._attn_implementation == DECODE_MATMUL

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import torch
 
 from rlsys.data.collate import position_ids
-from rlsys.models.attention import FP32_SDPA
+from rlsys.models.attention import DECODE_MATMUL, FP32_SDPA
 from rlsys.models.lm_head import sliced_forward
 from rlsys.models.logprobs import logprob_slices
 
-_BOOL_MASKS = ("sdpa", FP32_SDPA)
+_BOOL_MASKS = ("sdpa", FP32_SDPA, DECODE_MATMUL)
 
 
 @dataclass
