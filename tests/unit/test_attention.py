@@ -20,6 +20,8 @@ from rlsys.models.attention import (
 )
 from rlsys.types import SamplingParams
 
+_SDPA = {"decode_attention": "sdpa"}  # the engine setting of the SDPA baseline
+
 
 def _left_padded(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Three rows of 9 tokens, the first two left-padded by 3 and 6: ids, mask, positions."""
@@ -146,9 +148,6 @@ def test_the_engine_decodes_with_matmuls_on_cpu_and_agrees_with_sdpa(tiny_model_
     finally:
         AttentionInterface.register(DECODE_MATMUL, _decode_matmul)
     assert sum(one_token_calls) >= 2 * 11  # 2 layers x the decode steps after the prefill
-
-
-_SDPA = {"decode_attention": "sdpa"}
 
 
 def test_a_vision_language_model_keeps_sdpa(tiny_vl_dir):
