@@ -43,7 +43,9 @@ aggregation is each side's default (rlsys token mean, TRL ``dapo``): the same to
 work. ``--async-row`` adds rlsys with ``buffer.max_staleness=1`` (one-step-off generation; the
 learner and the engine then run at once, so each gets half the cores: ``ASYNC``), labelled
 as such: TRL's GRPOTrainer is synchronous. It prints the CPU line (model, AMX) first, and
-each rlsys run's median MFU (``perf/mfu``: docs/roofline.md) beside its seconds per step.
+each rlsys run's median MFU (``perf/mfu``: docs/roofline.md) beside its seconds per step, and
+its medians of ``time/generation`` and ``time/train`` (the JSON records also carry
+``weight_sync``), so a ratio can be read stage by stage.
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ WORKLOADS = {
         ["task.instruction='Explain each step of the addition, then give the final answer.'"],
     ),
 }
+# the stages of an rlsys step whose medians each record carries beside the step time
+STAGES = ("time/generation", "time/train", "time/weight_sync")
 # rlsys overrides and TRL's bf16 flag per --precision value
 PRECISIONS = {
     "fp32": ([], False),
@@ -206,9 +210,12 @@ def run_rlsys(work: Workload, steps: int, warmup: int, extra: list[str], tmp: Pa
     ]
     seconds = [r["perf/step_s"] - r.get("time/eval", 0.0) for r in records]
     tokens = [r.get("rollout/response_tokens", 0.0) for r in records]
-    mfu = [r["perf/mfu"] for r in records[warmup:] if "perf/mfu" in r]  # docs/roofline.md
     figures = _figures(seconds, tokens, warmup, wall)
-    return {**figures, "mfu": statistics.median(mfu)} if mfu else figures
+    for key in ("perf/mfu", *STAGES):  # docs/roofline.md, docs/metrics.md
+        kept = [r[key] for r in records[warmup:] if key in r]
+        if kept:
+            figures[key.split("/")[1]] = statistics.median(kept)
+    return figures
 
 
 def run_trl(python: Path, spec: dict, warmup: int, tmp: Path) -> dict:
@@ -345,6 +352,8 @@ def _pairs(name: str, precision: str, work: Workload, systems: dict, pairs: int)
             }
             records.append(record)
             mfu = f"  MFU {result['mfu']:.1%}" if "mfu" in result else ""
+            if "generation" in result:
+                mfu += f"  (generation {result['generation']:.2f} s, train {result['train']:.2f} s)"
             print(
                 f"{name:8s} {precision} pair {pair} {system:13s} "
                 f"{result['s_per_step']:7.3f} s/step {record['samples_per_s']:7.1f} samples/s  "

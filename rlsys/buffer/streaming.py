@@ -95,6 +95,9 @@ class StreamingBuffer:
         self._steps = 0  # learner steps done (a step that trains nothing still counts)
         self._issued = 0  # groups reserved
         self._in_flight = 0  # reserved, not yet queued or dropped
+        # batch slots the learner's steps left empty (a take short of the batch size): those
+        # steps are over, so their slots are never issued again
+        self._short = 0
         self._dropped = Counter()  # reason -> groups
         self._closed = False
         self._paused = False  # no reservations granted (a checkpoint is being taken)
@@ -108,7 +111,7 @@ class StreamingBuffer:
         window = steps * self.batch_size
         live = self._issued - sum(self._dropped.values())
         drawn = self._issued - self._dropped["stale"]  # stale drops are refilled freely
-        room = min(window - live, self.draw_rounds * window - drawn)
+        room = min(window - self._short - live, self.draw_rounds * window - drawn)
         if self.max_groups is not None:
             room = min(room, self.max_groups - self._issued)
         return max(room, 0)
@@ -222,6 +225,7 @@ class StreamingBuffer:
                 self._cond.wait()
             self._drop_stale()
             out = [self._groups.popleft() for _ in range(min(max_groups, len(self._groups)))]
+            self._short += max(min(max_groups, self.batch_size) - len(out), 0)
             self.stats.released += sum(len(g.samples) for g in out)
             self._cond.notify_all()
             return out
@@ -281,6 +285,7 @@ class StreamingBuffer:
                 },
                 "version": self._version,
                 "steps": self._steps,
+                "short": self._short,
                 "issued": self._issued,
                 "dropped": dict(self._dropped),
                 "groups": list(self._groups),
@@ -297,6 +302,7 @@ class StreamingBuffer:
                 Counter(stats["dropped"]),
             )
             self._version, self._steps = state["version"], state["steps"]
+            self._short = state.get("short", 0)  # absent from checkpoints before 2026-11-28
             self._issued, self._dropped = state["issued"], Counter(state["dropped"])
             self._groups = deque(state["groups"])
             self._in_flight = 0

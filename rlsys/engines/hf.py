@@ -149,7 +149,8 @@ class HFEngine:
     ):
         self.device = torch.device(device)
         self.model = load_model(model_path, dtype).to(self.device)
-        # a plugin subclass registered with settings of its own passes those: not ours
+        # a plugin subclass's own settings are ours only when they extend HFSettings
+        # (docs/extending.md, How to add a rollout engine); otherwise the defaults
         own = settings if isinstance(settings, HFSettings) else HFSettings()
         if own.matmul_decode(self.device.type):
             use_decode_matmul(self.model)

@@ -115,6 +115,33 @@ def test_take_returns_a_short_batch_when_nothing_more_can_arrive():
     assert len(buffer.take(4)) == 2  # starved: the two kept groups
 
 
+def test_a_short_batch_leaves_no_slots_behind():
+    """With dynamic sampling (draw_rounds > 1) a step that trained on fewer groups than the
+    batch size is over: the next step is issued one batch, not one batch plus the last one's
+    empty slots (those used to run on the old policy during the update and then arrived
+    stale, every step, on the learner's cores)."""
+    buffer = StreamingBuffer(
+        batch_size=4,
+        group_size=2,
+        max_staleness=0,
+        group_filter=has_reward_variance,
+        draw_rounds=3,
+    )
+    drawn = 0
+    while buffer.room():
+        granted = buffer.reserve(100)
+        for i in range(granted):  # the first two groups have variance, the rest tie
+            buffer.put(_group([0, 1] if drawn + i < 2 else [1, 1]))
+        drawn += granted
+    assert drawn == 12 and len(buffer.take(4)) == 2  # 3 rounds x 4 drawn, 2 kept
+    buffer.step_done(policy_version=1)
+    assert buffer.reserve(100) == 4  # one batch
+    for _ in range(4):
+        assert buffer.put(_group([0, 1], version=1))
+    assert len(buffer.take(4)) == 4 and buffer.in_flight == 0
+    assert _reserve(buffer, 1) is None  # nothing runs beside the update
+
+
 def test_sample_budget_ends_issuing_and_the_buffer_runs_dry():
     buffer = StreamingBuffer(batch_size=4, group_size=2, max_staleness=2, max_groups=6)
     assert buffer.reserve(100) == 6

@@ -95,6 +95,40 @@ def test_an_engine_with_settings_is_built_with_them(tiny_model_dir):
         ENGINES.unregister("hf_tagged")
 
 
+def test_a_subclass_keeps_the_hf_engines_settings_by_extending_them(tiny_model_dir):
+    """A plugin's settings dataclass that extends ``HFSettings`` carries the HF engine's own
+    knobs: passed on to ``HFEngine.__init__``, ``decode_attention=sdpa`` keeps SDPA where the
+    default (``auto`` on a CPU) would switch decode steps to matmuls."""
+    from dataclasses import dataclass
+
+    from rlsys.config.schema import RolloutConfig
+    from rlsys.engines import ENGINES, build_engine
+    from rlsys.engines.settings import HFSettings
+    from rlsys.models.attention import DECODE_MATMUL
+
+    @dataclass(frozen=True)
+    class TagSettings(HFSettings):
+        tag: str = "plain"
+
+    class TaggedEngine(HFEngine):
+        def __init__(self, model_path, dtype, cfg, device, settings: TagSettings):
+            super().__init__(model_path, dtype, cfg, device, settings)
+            self.tag = settings.tag
+
+    ENGINES.register("hf_tagged_sdpa", settings=TagSettings)(TaggedEngine)
+    try:
+        attention = {}
+        for choice in ("sdpa", "auto"):
+            args = {"tag": "mine", "decode_attention": choice}
+            cfg = RolloutConfig(engine="hf_tagged_sdpa", engine_args=args)
+            engine = build_engine(tiny_model_dir, "float32", cfg)
+            assert engine.tag == "mine"
+            attention[choice] = engine.model.config._attn_implementation
+        assert attention == {"sdpa": "sdpa", "auto": DECODE_MATMUL}
+    finally:
+        ENGINES.unregister("hf_tagged_sdpa")
+
+
 def test_the_hf_engine_adopts_received_tensors_as_its_weights(tiny_model_dir):
     """``update_weights(adopt=True)`` (a zero-copy transport): each parameter becomes the
     received tensor itself (same memory), tied names included; greedy output follows the
