@@ -351,13 +351,15 @@ def _pairs(name: str, precision: str, work: Workload, systems: dict, pairs: int)
                 **result,
             }
             records.append(record)
-            mfu = f"  MFU {result['mfu']:.1%}" if "mfu" in result else ""
+            extra = f"  MFU {result['mfu']:.1%}" if "mfu" in result else ""
             if "generation" in result:
-                mfu += f"  (generation {result['generation']:.2f} s, train {result['train']:.2f} s)"
+                extra += (
+                    f"  (generation {result['generation']:.2f} s, train {result['train']:.2f} s)"
+                )
             print(
                 f"{name:8s} {precision} pair {pair} {system:13s} "
                 f"{result['s_per_step']:7.3f} s/step {record['samples_per_s']:7.1f} samples/s  "
-                f"{result['completion_tokens']:5.1f} tokens  load {load:.2f}{mfu}",
+                f"{result['completion_tokens']:5.1f} tokens  load {load:.2f}{extra}",
                 flush=True,
             )
     return records

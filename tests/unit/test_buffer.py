@@ -84,14 +84,19 @@ def test_async_admission_bounds_what_runs_ahead(staleness):
     assert _reserve(buffer, 1) is None
 
 
-def test_dropped_groups_free_their_slot_up_to_the_draw_rounds():
-    buffer = StreamingBuffer(
-        batch_size=2,
+def _dynamic(batch_size: int, draw_rounds: int) -> StreamingBuffer:
+    """A synchronous buffer that drops tied groups and refills their slots (dynamic sampling)."""
+    return StreamingBuffer(
+        batch_size,
         group_size=2,
         max_staleness=0,
         group_filter=has_reward_variance,
-        draw_rounds=2,
+        draw_rounds=draw_rounds,
     )
+
+
+def test_dropped_groups_free_their_slot_up_to_the_draw_rounds():
+    buffer = _dynamic(batch_size=2, draw_rounds=2)
     assert buffer.reserve(10) == 2
     assert not buffer.put(_group([1, 1]))  # filtered: its slot is refilled ...
     assert buffer.reserve(10) == 1
@@ -120,13 +125,7 @@ def test_a_short_batch_leaves_no_slots_behind():
     batch size is over: the next step is issued one batch, not one batch plus the last one's
     empty slots (those used to run on the old policy during the update and then arrived
     stale, every step, on the learner's cores)."""
-    buffer = StreamingBuffer(
-        batch_size=4,
-        group_size=2,
-        max_staleness=0,
-        group_filter=has_reward_variance,
-        draw_rounds=3,
-    )
+    buffer = _dynamic(batch_size=4, draw_rounds=3)
     drawn = 0
     while buffer.room():
         granted = buffer.reserve(100)
