@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
+# No test reads outside the checkout: every cache the suite fills (rlsys's built-in models and
+# warm starts, vLLM's compile cache, DeepSpeed's JIT-built ops, torch.compile's kernels) lives
+# under .cache/ here, set before anything starts a process or Ray, which inherit it. A fresh
+# clone pays each once, as CI does; a developer's ~/.cache neither helps nor hides anything.
+CACHE = Path(__file__).resolve().parents[1] / ".cache"
+os.environ["XDG_CACHE_HOME"] = str(CACHE)
+os.environ["RLSYS_CACHE_DIR"] = str(CACHE / "rlsys")
+os.environ["TORCH_EXTENSIONS_DIR"] = str(CACHE / "torch_extensions")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(CACHE / "torchinductor")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

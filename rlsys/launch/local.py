@@ -72,7 +72,7 @@ def connect_ray(cfg: TrainConfig, roles: Roles) -> dict[str, float]:
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "TOKENIZERS_PARALLELISM": "false",
         }
-        for key in ("RLSYS_CACHE_DIR", "RLSYS_CONF_DIR"):
+        for key in ("RLSYS_CACHE_DIR", "XDG_CACHE_HOME", "RLSYS_CONF_DIR"):
             if key in os.environ:
                 env[key] = os.environ[key]
         runtime_env: dict = {"env_vars": env}

@@ -13,9 +13,10 @@ from pathlib import Path
 
 
 def cache_dir() -> Path:
-    """$RLSYS_CACHE_DIR, else ~/.cache/rlsys."""
-    root = os.environ.get("RLSYS_CACHE_DIR") or Path.home() / ".cache" / "rlsys"
-    return Path(root)
+    """$RLSYS_CACHE_DIR, else $XDG_CACHE_HOME/rlsys, else ~/.cache/rlsys."""
+    if root := os.environ.get("RLSYS_CACHE_DIR"):
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlsys"
 
 
 def fingerprint(obj: object) -> str:
