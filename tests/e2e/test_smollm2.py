@@ -19,6 +19,7 @@ from rlsys.config.schema import ModelConfig
 from rlsys.models import gguf
 from rlsys.models.loading import load_model, load_tokenizer, resolve_model_path
 from rlsys.resolve import load_config
+from rlsys.run.cache import cache_dir
 from rlsys.trainers.collector import PromptFormat
 
 PATH = "gguf:smollm2-135m-instruct"
@@ -26,11 +27,18 @@ PATH = "gguf:smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def smollm2_dir(tmp_path_factory) -> Iterator[Path]:
-    """The converted model in a fresh cache directory (removed afterwards: it is 540 MB)."""
+    """The converted model in a fresh cache directory. Afterwards it moves into the suite's
+    cache (tests/conftest.py), where later tests that need SmolLM2's tokenizer find it
+    instead of converting again (~25 s); where one is there already, it is removed (540 MB)."""
     cache = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RLSYS_CACHE_DIR", str(cache))
-        yield Path(resolve_model_path(ModelConfig(path=PATH)))
+        converted = Path(resolve_model_path(ModelConfig(path=PATH)))
+        yield converted
+    kept = cache_dir() / "models" / converted.name
+    if converted.is_dir() and not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(converted, kept)
     shutil.rmtree(cache, ignore_errors=True)
 
 
