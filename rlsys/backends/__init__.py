@@ -31,7 +31,9 @@ def _fsdp2(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBackend:
     from rlsys.backends.memory import MemorySettings
 
     memory = MemorySettings.of(cfg)
-    return FSDP2Backend(*common, cfg.mixed_precision, cfg.compile, memory=memory, **kwargs)
+    return FSDP2Backend(
+        *common, cfg.mixed_precision, _compile_backend(cfg), memory=memory, **kwargs
+    )
 
 
 @BACKENDS.register("deepspeed")
@@ -41,8 +43,18 @@ def _deepspeed(cfg: LearnerConfig, *common: Any, **kwargs: Any) -> TrainingBacke
 
     memory = MemorySettings.of(cfg)
     return DeepSpeedBackend(
-        *common, cfg.mixed_precision, cfg.compile, memory=memory, zero=cfg.deepspeed, **kwargs
+        *common,
+        cfg.mixed_precision,
+        _compile_backend(cfg),
+        memory=memory,
+        zero=cfg.deepspeed,
+        **kwargs,
     )
+
+
+def _compile_backend(cfg: LearnerConfig) -> str | None:
+    """The torch.compile backend the decoder layers compile with; None: they run eagerly."""
+    return cfg.compile_backend if cfg.compile else None
 
 
 def build_backend(

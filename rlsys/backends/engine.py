@@ -79,7 +79,7 @@ class BackendEngine(ABC):
         device: torch.device,
         role: str = "policy",
         mixed_precision: str | None = None,
-        compile_layers: bool = False,
+        compile_layers: str | None = None,
         trainable: bool = True,
         lora: LoraConfig | None = None,
         memory: MemorySettings | None = None,
@@ -126,7 +126,8 @@ class BackendEngine(ABC):
         LoRA adapters when ``lora`` (everything else frozen but a reward model's score head),
         attention in fp32 when a CPU learner computes in bf16 (see rlsys/models/attention.py),
         its decoder layers recomputed in backward when ``memory.activation_checkpointing`` and
-        compiled when ``compile_layers`` (rlsys/models/blocks.py)."""
+        compiled with the torch.compile backend ``compile_layers`` names, if any
+        (rlsys/models/blocks.py)."""
         module = self.model_role.load(self.model_path, self.dtype, self.trainable)
         if not for_training:
             return module
@@ -140,8 +141,8 @@ class BackendEngine(ABC):
                     param.requires_grad_(False)
         if self.memory.activation_checkpointing and self.trainable:
             blocks.checkpoint_layers(module)  # before compiling: the checkpoint is traced
-        if self.compile_layers:
-            blocks.compile_layers(module, self.device)
+        if self.compile_layers is not None:
+            blocks.compile_layers(module, self.device, self.compile_layers)
         return module
 
     def _adam_settings(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from rlsys.backends import checkpoint as ckpt
+from rlsys.models.saving import save_pretrained
 from rlsys.registry import Registry
 
 # Per backend (the name in the checkpoint's backend_info.json, as in BACKENDS): the full model
@@ -92,7 +93,7 @@ def export_hf(checkpoint_dir: str, out_dir: str, merge: bool = False) -> str:
             f"(missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}); "
             "export with the model_path the run started from"
         )
-    model.save_pretrained(out_dir)
+    save_pretrained(model, out_dir)
     save_tokenizer(info["model_path"], out_dir)
     return "model"
 
@@ -120,7 +121,7 @@ def _export_lora(root: Path, state: dict, info: dict, model, out_dir: str, merge
             f"{info['model_path']} ({exc}); export with the model_path the run started from"
         ) from exc
     if merge:
-        model.save_pretrained(out_dir)
+        save_pretrained(model, out_dir)
     else:
         lora.save_peft_adapter(out_dir, adapters, cfg, info["model_path"])
     save_tokenizer(info["model_path"], out_dir)

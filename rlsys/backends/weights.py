@@ -15,6 +15,7 @@ from rlsys.backends.engine import BackendEngine
 from rlsys.backends.lora_merge import merged_state
 from rlsys.models import lora
 from rlsys.models.loading import save_tokenizer
+from rlsys.models.saving import save_pretrained
 from rlsys.models.vision import VISION_PREFIX
 
 
@@ -75,7 +76,7 @@ class FullWeights(BackendEngine):
             out = Path(path)
             if out.exists():
                 shutil.rmtree(out)
-            model.save_pretrained(out)
+            save_pretrained(model, out)
             # how a reward model pads: see reward_tokenizer
             save_tokenizer(self.model_path, str(out), self.model_role.padding_side)
         dist.barrier()

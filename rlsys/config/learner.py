@@ -42,6 +42,7 @@ MIXED_PRECISION = (
     "auto",
 )  # float16 would need loss scaling; auto: rlsys.resolve.precision
 REDUCE_DTYPES = ("float32", "bfloat16")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # learner.compile_backend
 ZERO_STAGES = (2, 3)
 
 
@@ -128,6 +129,11 @@ class LearnerConfig:
     # The first step pays the compile (6-25 s on 2 CPU cores; cached for later runs). Needs a
     # C++ compiler on CPU. Not with deepspeed.zero_stage=3 (its parameter hooks run in layers).
     compile: bool = False
+    # the torch.compile backend of `compile`: inductor (generates fused kernels: the speed-up),
+    # aot_eager (traces forward and backward into graphs and runs them eagerly: no code
+    # generation, no C++ compiler, no speed-up; for telling a tracing failure from a code
+    # generation one) or eager (dynamo's trace only)
+    compile_backend: str = "inductor"
     optim: OptimConfig = field(default_factory=OptimConfig)  # see OptimConfig
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)  # backend=deepspeed
     # resize the group mid-run (schedule; `rlsys scale RUN_DIR learner=N`)
@@ -159,6 +165,7 @@ class LearnerConfig:
         self.optim.check(f"{prefix}.optim")
         self.deepspeed.check(f"{prefix}.deepspeed")
         self.elastic.check(prefix, self.backend, self.world_size)
+        one_of(f"{prefix}.compile_backend", self.compile_backend, COMPILE_BACKENDS)
         if self.compile and self.backend == "deepspeed" and self.deepspeed.zero_stage == 3:
             raise ConfigError(
                 f"{prefix}.compile=true does not work with {prefix}.deepspeed.zero_stage=3 "

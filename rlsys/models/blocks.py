@@ -50,28 +50,32 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     )
 
 
-def compile_layers(model: torch.nn.Module, device: torch.device) -> None:
-    """``torch.compile`` every decoder layer in place, with dynamic shapes (batches change
-    length every step). In place (``Module.compile``): parameter names,
-    state dicts and checkpoints stay those of the plain model. Compilation happens at the first
+def compile_layers(model: torch.nn.Module, device: torch.device, backend: str = "inductor") -> None:
+    """``torch.compile`` every decoder layer in place with ``backend``, with dynamic shapes
+    (batches change length every step). In place (``Module.compile``): parameter names, state dicts and checkpoints stay those of the plain model. Compilation happens at the first
     call, once for all layers, as long as forward passes run with ``use_cache=False`` (every
     pass of the learner does): the KV cache's per-layer index would make each layer a graph
     of its own, past dynamo's recompile limit. On a CPU inductor writes C++, so a C++
-    compiler must be installed."""
-    if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+    compiler must be installed (``aot_eager`` and ``eager`` generate no code)."""
+    if (
+        backend == "inductor"
+        and device.type == "cpu"
+        and not (shutil.which("g++") or shutil.which("c++"))
+    ):
         raise RuntimeError(
             "learner.compile=true (or critic.compile=true) on a CPU needs a C++ compiler "
             "(torch.compile's inductor generates C++): install g++ (apt install g++), or set "
-            "it to false"
+            "it to false, or learner.compile_backend=aot_eager (traced, not faster)"
         )
     layers = decoder_layers(model)
     for layer in layers:
-        layer.compile(dynamic=True)
+        layer.compile(dynamic=True, backend=backend)
     log.info(
-        "compile: %d decoder layers compile at the first forward pass (seconds to a "
+        "compile: %d decoder layers compile (%s) at the first forward pass (seconds to a "
         "minute; inductor caches its output under $TORCHINDUCTOR_CACHE_DIR, by default "
         "/tmp/torchinductor_<user>, so later runs start faster)",
         len(layers),
+        backend,
     )
 
 

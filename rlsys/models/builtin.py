@@ -12,6 +12,7 @@ import string
 from pathlib import Path
 
 from rlsys.config.schema import ModelConfig
+from rlsys.models.saving import save_pretrained
 from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -139,7 +140,7 @@ def builtin_dir(cfg: ModelConfig, seed: int = 0) -> Path:
             model = build_tiny_model(
                 cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed
             )
-            model.save_pretrained(tmp)
+            save_pretrained(model, tmp)
             tokenizer.save_pretrained(tmp)
     return target
 
@@ -172,6 +173,6 @@ def build_tiny_reward_model(
     torch.manual_seed(seed)
     model = Qwen2ForSequenceClassification(config)
     target = Path(out_dir)
-    model.save_pretrained(target)
+    save_pretrained(model, target)
     tokenizer.save_pretrained(target)
     return target

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlsys.config.schema import ModelConfig
+from rlsys.models.saving import save_pretrained
 
 PATCH_SIZE = 7  # pixels per patch side (Qwen2-VL: 14)
 MERGE_SIZE = 2  # patches merged per side into one token (as Qwen2-VL)
@@ -106,7 +107,7 @@ def save_tiny_vl(cfg: ModelConfig, out_dir: str | Path, seed: int = 0) -> Path:
     model = build_tiny_vl_model(cfg, tokenizer, seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out_dir)
+    save_pretrained(model, out_dir)
     tokenizer.save_pretrained(out_dir)
     build_image_processor().save_pretrained(out_dir)
     return Path(out_dir)

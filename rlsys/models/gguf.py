@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlsys.config.errors import ConfigError
+from rlsys.models.saving import save_pretrained
 from rlsys.run.cache import atomic_dir, cache_dir, fingerprint
 
 log = logging.getLogger(__name__)
@@ -144,5 +145,5 @@ def convert_gguf(gguf_file: Path, out: Path) -> None:
         )
     model.tie_weights()
     model.generation_config = quantized.generation_config
-    model.save_pretrained(out)
+    save_pretrained(model, out)
     tokenizer.save_pretrained(out)

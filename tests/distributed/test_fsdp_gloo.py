@@ -16,10 +16,11 @@ from rlsys.backends.data_parallel import packed_forward_plan
 from rlsys.config.learner import OptimConfig
 
 
-def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu"):
+def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu", compiler=None):
     """Per case: forward, one train_step of 2 mini-batches, the full weights in buckets (a fresh
     backend each; one set of processes serves every case, as process start-up dominates).
-    ``device="cuda"``: rank r trains on GPU r (run_ranks with backend="nccl")."""
+    ``device="cuda"``: rank r trains on GPU r (run_ranks with backend="nccl"). ``compiler``:
+    the torch.compile backend of ppo_compiled (default: inductor on a GPU, CPU_COMPILER here)."""
     from rlsys.backends.fsdp import FSDP2Backend
     from rlsys.models.blocks import decoder_layers
 
@@ -36,7 +37,9 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu"):
             device=torch.device("cuda", rank) if device == "cuda" else torch.device("cpu"),
             role=role,
             mixed_precision="bfloat16" if case == "ppo_bf16" else None,
-            compile_layers=case == "ppo_compiled",
+            compile_layers=(compiler or _default_compiler(device))
+            if case == "ppo_compiled"
+            else None,
             packing=case in PACKED,
         )
         forward = backend.forward_logprobs if role == "policy" else backend.forward_values
@@ -67,6 +70,16 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu"):
             },
         }
     return out
+
+
+# On CPU, CI compiles with aot_eager: dynamo traces each layer under FSDP2's hooks and AOTAutograd
+# splits forward and backward as with inductor, without inductor writing and building C++ (84 s
+# of a fresh 2-core machine's CI, its cache empty). Inductor on CPU: the long-tier test below.
+CPU_COMPILER = "aot_eager"
+
+
+def _default_compiler(device: str) -> str:
+    return "inductor" if device == "cuda" else CPU_COMPILER
 
 
 def _logprobs(results: list[dict], case: str) -> np.ndarray:
@@ -228,6 +241,15 @@ def test_compiled_layers_train_like_eager_ones(trained):
     eager single-process forward pass, loss, gradient and step, and the same parameter names
     (the weights the engine and checkpoints see)."""
     _check_compiled(trained[0], trained[1], atol=1e-5)
+
+
+@pytest.mark.long
+def test_inductor_compiled_layers_train_like_eager_ones(trained, tiny_model_dir, tmp_path):
+    """As above with inductor's C++ kernels on CPU (the default learner.compile_backend)."""
+    compiled = run_ranks(
+        _train, 2, tmp_path, tiny_model_dir, ["ppo_compiled"], 1 << 30, "cpu", "inductor"
+    )
+    _check_compiled(trained[0], compiled, atol=1e-5)
 
 
 def _check_compiled(eager_ranks: list[dict], compiled_ranks: list[dict], atol: float) -> None:

@@ -81,37 +81,6 @@ def plugin_file(tmp_path):
     plugins._loaded.pop(str(path), None)
 
 
-def test_a_loss_and_an_estimator_from_a_plugin_train_by_config_alone(tmp_path, plugin_file):
-    """`rlsys train` with the plugin: the driver's estimator and the learner's loss (a Ray
-    actor, another process) run at the settings the config gave them."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlsys.cli",
-            "train",
-            *TRAIN_OVERRIDES,
-            "trainer.total_steps=1",
-            "learner.world_size=1",
-            f"plugins=[{plugin_file}]",
-            "algorithm.policy_loss=scaled_pg",
-            "algorithm.policy_loss_args={scale: 0.5}",
-            "algorithm.advantage=best_vs_rest",
-            "algorithm.advantage_args={margin: 0.25}",
-            f"run.output_dir={tmp_path}",
-            "run.name=r",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    step = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert step["step"] == 1 and step["train/scaled_pg_scale"] == 0.5
-    assert step["train/advantage_abs"] == pytest.approx(0.25)  # +-margin on every token
-
-
 def test_plugin_settings_and_failures_name_the_key(tmp_path, plugin_file):
     base = [f"plugins=[{plugin_file}]", "algorithm.policy_loss=scaled_pg"]
     cfg = load_config([*base, "algorithm.policy_loss_args={scale: 2.0}"])
@@ -226,11 +195,13 @@ def env_and_engine_plugins(tmp_path):
         plugins._loaded.pop(str(path), None)
 
 
-def test_an_environment_and_an_engine_from_plugins_run_by_config_alone(
-    tmp_path, env_and_engine_plugins
+def test_a_loss_an_estimator_an_environment_and_an_engine_from_plugins_train_by_config_alone(
+    tmp_path, plugin_file, env_and_engine_plugins
 ):
-    """`rlsys train` with both plugins for one step: the driver's episodes run the plugin's
-    environment at its settings, the rollout worker (a Ray actor) the plugin's engine."""
+    """`rlsys train` with the three plugin files for one step (one run for the four: a run's
+    start-up is most of its time): the driver's estimator and episodes run the plugins'
+    estimator and environment, the learner (a Ray actor, another process) the plugin's loss
+    and the rollout worker (another) its engine, each at the settings the config gave it."""
     env, engine = env_and_engine_plugins
     result = subprocess.run(
         [
@@ -243,7 +214,11 @@ def test_an_environment_and_an_engine_from_plugins_run_by_config_alone(
             "trainer.total_steps=1",
             "learner.world_size=1",
             "data.batch_size=4",
-            f"plugins=[{env},{engine}]",
+            f"plugins=[{plugin_file},{env},{engine}]",
+            "algorithm.policy_loss=scaled_pg",
+            "algorithm.policy_loss_args={scale: 0.5}",
+            "algorithm.advantage=best_vs_rest",
+            "algorithm.advantage_args={margin: 0.25}",
             "task.env.name=again",
             "task.env.args={turns: 2, reward: 0.5}",
             "rollout.engine=hf_capped",
@@ -258,7 +233,9 @@ def test_an_environment_and_an_engine_from_plugins_run_by_config_alone(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     step = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert step["step"] == 1 and 1.0 <= step["env/turns"] <= 2.0  # the env's turns=2
+    assert step["step"] == 1 and step["train/scaled_pg_scale"] == 0.5
+    assert step["train/advantage_abs"] == pytest.approx(0.25)  # +-margin on every token
+    assert 1.0 <= step["env/turns"] <= 2.0  # the env's turns=2
     assert step["reward/env"] == pytest.approx(0.5 * step["env/turns"])  # 0.5 a turn
     # model tokens (trained ones) per turn: at most the engine's 2 (uncapped: about 4)
     model_tokens = step["rollout/response_tokens"] * step["env/model_token_frac"]

@@ -67,6 +67,9 @@ def test_two_steps_on_a_verl_parquet_file(tmp_path):
     assert [step["rollout/reward_mean"] for step in steps] == [1.0, 1.0]
 
 
+# long tier: a directory takes the same path into training as the parquet file above once
+# read, and its reading is tests/unit/test_dataset_layouts.py's (26 s of CI saved)
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_two_steps_on_a_datasets_directory(tmp_path):
     datasets = pytest.importorskip("datasets")

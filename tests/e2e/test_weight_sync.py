@@ -16,13 +16,14 @@ from rlsys.resolve import load_config
 from rlsys.workers.pools import start_pools
 
 # CI covers each engine, transport and data plane once, and the tensor-parallel reshard; the
-# 1-rank variants run in the long tier.
+# 1-rank variants, and vLLM's full-weight collective sync to 2 engines (the TP case syncs full
+# weights over the same plane, the HF case to 2 engines), run in the long tier.
 LONG = pytest.mark.long
 CASES = [  # engine, transport, CPU data plane, learner ranks, engines, engine TP size, LoRA rank
     pytest.param("hf", "object_store", "auto", 1, 2, 1, 0, marks=LONG),
     ("hf", "object_store", "auto", 2, 2, 1, 0),
     pytest.param("vllm", "object_store", "auto", 1, 2, 1, 0, marks=LONG),
-    ("vllm", "collective", "shm", 2, 2, 1, 0),
+    pytest.param("vllm", "collective", "shm", 2, 2, 1, 0, marks=LONG),
     pytest.param("vllm", "collective", "gloo", 1, 2, 1, 0, marks=LONG),
     pytest.param("hf", "collective", "gloo", 2, 2, 1, 0, marks=LONG),
     ("hf", "collective", "shm", 2, 2, 1, 0),  # zero-copy: the engines keep views of the slots

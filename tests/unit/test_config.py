@@ -139,6 +139,7 @@ def test_override_changes_value_and_roundtrips_to_yaml():
         ("learner.mixed_precision=float16", "learner.mixed_precision"),
         ("learner.mixed_precision=bfloat16 model.dtype=bfloat16", "model.dtype=float32"),
         ("learner.reduce_dtype=float16", "learner.reduce_dtype"),
+        ("learner.compile=true learner.compile_backend=tvm", "learner.compile_backend"),
         ("learner.reduce_dtype=bfloat16", "learner.mixed_precision=bfloat16"),
         ("learner.deepspeed.offload_optimizer=true", "it moved to 'learner.offload'"),
         ("critic.deepspeed.offload_optimizer=true", "it moved to 'critic.offload'"),
