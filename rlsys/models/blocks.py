@@ -52,10 +52,11 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def compile_layers(model: torch.nn.Module, device: torch.device, backend: str = "inductor") -> None:
     """``torch.compile`` every decoder layer in place with ``backend``, with dynamic shapes
-    (batches change length every step). In place (``Module.compile``): parameter names, state dicts and checkpoints stay those of the plain model. Compilation happens at the first
-    call, once for all layers, as long as forward passes run with ``use_cache=False`` (every
-    pass of the learner does): the KV cache's per-layer index would make each layer a graph
-    of its own, past dynamo's recompile limit. On a CPU inductor writes C++, so a C++
+    (batches change length every step). In place (``Module.compile``): parameter names, state
+    dicts and checkpoints stay those of the plain model. Compilation happens at the first call,
+    once for all layers, as long as forward passes run with ``use_cache=False`` (every pass of
+    the learner does): the KV cache's per-layer index would make each layer a graph of its
+    own, past dynamo's recompile limit. On a CPU inductor writes C++, so a C++
     compiler must be installed (``aot_eager`` and ``eager`` generate no code)."""
     if (
         backend == "inductor"

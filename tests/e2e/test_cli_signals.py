@@ -42,6 +42,14 @@ MOMENTS = [
 ]
 
 
+def _sigint_as_a_terminal_leaves_it() -> None:
+    """In the child before it runs: SIGINT back to its default. A shell that starts pytest in
+    the background (``cmd &`` in a script, ``nohup``) ignores SIGINT for it, children inherit
+    that, and Python then installs no KeyboardInterrupt handler: the Ctrl-C under test would
+    never arrive (what this test failed on in such a CI run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _ray_tmp() -> Path:
     # this run's Ray processes are the ones naming it (short: Ray's socket paths must fit)
     return Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
@@ -71,6 +79,7 @@ def _interrupt_at(tmp_path: Path, marker: str, after_s: float) -> tuple[int, str
         text=True,
         cwd=ROOT,
         env={**os.environ, "RAY_TMPDIR": str(ray_tmp)},
+        preexec_fn=_sigint_as_a_terminal_leaves_it,
     )
     lines = []
     for line in proc.stderr:
@@ -133,6 +142,7 @@ def test_ctrl_c_inside_ray_init_exits_130(tmp_path, attempt):
         cwd=ROOT,
         env={**os.environ, "RAY_TMPDIR": str(ray_tmp)},
         timeout=120,
+        preexec_fn=_sigint_as_a_terminal_leaves_it,
     )
     _assert_no_ray_left(ray_tmp)
     assert proc.returncode == 130, proc.stderr[-3000:]

@@ -40,7 +40,11 @@ def run(command: str, tmp_path: Path, name: str, *overrides: str) -> dict:
 
 
 def test_reward_model_learns_and_plugs_into_the_reward_model_worker(tmp_path):
-    summary = run("rm", tmp_path, "rm", "rm.max_steps=60", "rm.eval_every=30")
+    # from the built-in model, no SFT warm start: 0.46 -> 0.73 in 60 steps (2026-11-29), and
+    # 30 s of a slow 2-core CI against 105 s with the warm start's SFT
+    summary = run(
+        "rm", tmp_path, "rm", "rm.max_steps=60", "rm.eval_every=30", "warm_start.enabled=false"
+    )
     print(json.dumps({k: v for k, v in summary.items() if k != "eval_history"}))
     assert summary["data"]["train_pairs"] == 1024 and summary["data"]["eval_pairs"] == 128
     assert summary["eval_pairwise_accuracy"] >= 0.65

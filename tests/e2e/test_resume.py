@@ -257,6 +257,9 @@ def test_ctrl_c_to_rlsys_train_checkpoints_exits_130_and_resume_auto_finishes(tm
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # SIGINT at its default, as in a terminal: a shell that started pytest in the
+        # background made it ignored, and children inherit that (tests/e2e/test_cli_signals.py)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
