@@ -79,7 +79,7 @@ class BackendEngine(ABC):
         device: torch.device,
         role: str = "policy",
         mixed_precision: str | None = None,
-        compile_layers: str | None = None,
+        compile_backend: str | None = None,
         trainable: bool = True,
         lora: LoraConfig | None = None,
         memory: MemorySettings | None = None,
@@ -105,7 +105,8 @@ class BackendEngine(ABC):
         # the dtype forward passes autocast to; None where the backend casts the parameters
         # themselves (FSDP2's MixedPrecisionPolicy) or there is no mixed precision
         self.autocast_dtype = mixed_precision
-        self.compile_layers = compile_layers
+        # the torch.compile backend the decoder layers compile with; None: eager (no compile)
+        self.compile_backend = compile_backend
         self.memory = memory or MemorySettings()
         self.trainable = trainable  # False: forward passes only (a reference), no optimizer
         # LoRA: only adapters train, travel and are checkpointed (the policy, a reward model)
@@ -126,7 +127,7 @@ class BackendEngine(ABC):
         LoRA adapters when ``lora`` (everything else frozen but a reward model's score head),
         attention in fp32 when a CPU learner computes in bf16 (see rlsys/models/attention.py),
         its decoder layers recomputed in backward when ``memory.activation_checkpointing`` and
-        compiled with the torch.compile backend ``compile_layers`` names, if any
+        compiled with the torch.compile backend ``compile_backend`` names, if any
         (rlsys/models/blocks.py)."""
         module = self.model_role.load(self.model_path, self.dtype, self.trainable)
         if not for_training:
@@ -141,8 +142,8 @@ class BackendEngine(ABC):
                     param.requires_grad_(False)
         if self.memory.activation_checkpointing and self.trainable:
             blocks.checkpoint_layers(module)  # before compiling: the checkpoint is traced
-        if self.compile_layers is not None:
-            blocks.compile_layers(module, self.device, self.compile_layers)
+        if self.compile_backend is not None:
+            blocks.compile_layers(module, self.device, self.compile_backend)
         return module
 
     def _adam_settings(self) -> dict[str, Any]:

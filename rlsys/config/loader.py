@@ -30,8 +30,8 @@ def conf_dir() -> Path:
 
 
 def _register_schema() -> None:
-    """Put the typed schema in Hydra's config store, once a process: building its structured
-    node takes 0.3 s of a slow CPU, a third of composing a config."""
+    """Put the typed schema in Hydra's config store, once a process: rebuilding its structured
+    node at every load cost ~0.1 s of a ~0.35 s config load on a 2-core EPYC."""
     if f"{SCHEMA_NAME}.yaml" not in ConfigStore.instance().repo:
         ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
 

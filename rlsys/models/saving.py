@@ -3,10 +3,9 @@ does not use it.
 
 ``PreTrainedModel.save_pretrained`` unwraps the model with accelerate's
 ``extract_model_from_parallel``, which imports DeepSpeed whenever it is installed, only to ask
-whether the model is a ``DeepSpeedEngine``. In an FSDP learner, the engine or a command that
-never touched DeepSpeed that import costs 1.3-1.4 s of a 2-core CPU a save (measured after
-torch and transformers were loaded) and drags DeepSpeed's accelerator probing into the
-process. No object can be a ``DeepSpeedEngine`` while the ``deepspeed`` module was never
+whether the model is a ``DeepSpeedEngine``. In a process that never touched DeepSpeed (an
+FSDP learner, a command) that import cost 1.3-1.4 s of a 2-core EPYC a save (measured after
+torch and transformers were loaded) and brought DeepSpeed's accelerator probing with it. No object can be a ``DeepSpeedEngine`` while the ``deepspeed`` module was never
 imported, so the question is answered without the import there; where DeepSpeed is loaded
 (its learner backend) the save runs unchanged.
 """

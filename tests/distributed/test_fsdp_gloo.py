@@ -37,7 +37,7 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu", compi
             device=torch.device("cuda", rank) if device == "cuda" else torch.device("cpu"),
             role=role,
             mixed_precision="bfloat16" if case == "ppo_bf16" else None,
-            compile_layers=(compiler or _default_compiler(device))
+            compile_backend=(compiler or _default_compiler(device))
             if case == "ppo_compiled"
             else None,
             packing=case in PACKED,
