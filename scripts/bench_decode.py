@@ -9,7 +9,9 @@ them) x S samples x T new tokens, sampled at temperature 1 in one ``generate`` c
 decodes its whole budget (the engine's end tokens are cleared), so every loop takes the same
 decode steps whatever it samples. One engine per variant holds the same weights in
 ``--dtype``: ``sdpa`` (decode steps through torch's SDPA kernel), ``matmul`` (decode steps as
-two matmuls, ``decode_attention=matmul``, the CPU default) and ``compiled`` (a static KV cache
+two matmuls, ``decode_attention=matmul``, the CPU default), ``shared`` (``matmul`` with each
+prompt prefilled once for its samples, ``share_prefill``, the default; the other variants
+prefill every sample's row, as the engine did before it) and ``compiled`` (a static KV cache
 and ``torch.compile`` of the forward step, ``compile=true``, attending through SDPA as when it
 was first measured). Each engine's first two calls of
 each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
@@ -34,9 +36,10 @@ import time
 
 # each variant's rollout.engine_args (HFSettings)
 VARIANTS = {
-    "sdpa": {"decode_attention": "sdpa"},
-    "matmul": {"decode_attention": "matmul"},
+    "sdpa": {"decode_attention": "sdpa", "share_prefill": False},
+    "matmul": {"decode_attention": "matmul", "share_prefill": False},
     "compiled": {"compile": True, "decode_attention": "sdpa"},
+    "shared": {"decode_attention": "matmul"},  # the default: matmul decode, shared prefill
 }
 
 

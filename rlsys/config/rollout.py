@@ -47,7 +47,8 @@ class RolloutConfig:
     # (rlsys/engines/__init__.py; docs/extending.md); an engine added in a plugin takes all
     # of its settings here. The built-in hf engine's: {compile: true} decodes with a static
     # KV cache and a torch.compile'd step; decode_attention: auto|matmul|sdpa, how a decode
-    # step attends (rlsys/engines/settings.py); vllm reads rollout.vllm.
+    # step attends; share_prefill: true (default) prefills a prompt once for its n samples
+    # (rlsys/engines/settings.py); vllm reads rollout.vllm.
     engine_args: dict[str, Any] = field(default_factory=dict)
     num_workers: int = 1  # rollout worker actors
     num_cpus_per_worker: float = 2.0  # also the torch thread count of each worker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import threading
 from collections.abc import Iterable
@@ -164,6 +165,11 @@ class HFEngine:
         eos = config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.suppress = vision_token_ids(self.model.config)  # [] for a text model
+        # not for the compiled loop (its static cache cannot start from a prefilled dynamic
+        # one) nor a vision-language model (its rotary positions come from its own inputs)
+        self._share_prefill = own.share_prefill and not self._compiled and not self.suppress
+        forward_args = inspect.signature(self.model.forward).parameters
+        self._one_logit = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self.version = 0
         self._parked = ParkedWeights(self.model, self.device)
 
@@ -219,6 +225,9 @@ class HFEngine:
         stop_ids = sorted(self.eos_ids | set(sampling.stop_token_ids))
         vision = vision_inputs(self.model.config, ids, [im for _, _, im in rows], self.device)
         vision.pop(SUPPRESS_KEY, None)  # the sampler suppresses them (self.suppress)
+        prefilled = {}
+        if self._share_prefill:
+            prefilled = self._prefill_once(ids, mask, prompts)
         stop_kwargs = {}
         if sampling.stop:
             if self._tokenizer is None:
@@ -237,6 +246,7 @@ class HFEngine:
             **self._compiled,
             **stop_kwargs,
             **vision,
+            **prefilled,
         )
         new_tokens = out.sequences[:, width:].cpu()
         logprobs = torch.stack(sampler.logprobs, dim=1).cpu()[:, : new_tokens.shape[1]]
@@ -265,6 +275,34 @@ class HFEngine:
                 completion.top_logprobs = top[i][:length]
             completions.append(completion)
         return completions
+
+    def _prefill_once(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list) -> dict:
+        """``generate`` arguments that start it from a KV cache holding every row's prompt but
+        its last token, each distinct prompt prefilled once (the ``n`` samples of a prompt are
+        adjacent rows); ``generate`` then runs only the last prompt token and the decode steps.
+        {} when no two adjacent rows share a prompt, the prompt is one token, or the model does
+        not decode from transformers' default dynamic cache."""
+        starts = [i == 0 or p != prompts[i - 1] for i, p in enumerate(prompts)]
+        if all(starts) or ids.shape[1] < 2 or not self.model._supports_default_dynamic_cache():
+            return {}
+        from transformers import DynamicCache
+
+        first = [i for i, start in enumerate(starts) if start]
+        owner = torch.tensor(starts).cumsum(0) - 1  # row -> its prompt's prefilled row
+        head_ids, head_mask = ids[first, :-1].to(self.device), mask[first, :-1].to(self.device)
+        # generate's own position ids: counted over the real tokens of a left-padded row
+        positions = (head_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        self.model(
+            input_ids=head_ids,
+            attention_mask=head_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **self._one_logit,  # the logits go unused: the lm-head on one position, not all
+        )
+        cache.batch_select_indices(owner.to(self.device))  # each row a copy of its prompt's
+        return {"past_key_values": cache}
 
     def _stop_string_ends(self, new_tokens: torch.Tensor, stop: list[str]) -> list[int | None]:
         """Per row, the token count up to and including the first stop-string match."""

@@ -22,7 +22,12 @@ class HFSettings:
     ``decode_attention`` picks how a decode step (one new token a row) attends in a model on
     SDPA: ``matmul`` computes it as two matmuls (rlsys/models/attention.py), ``sdpa`` calls
     torch's kernel, ``auto`` is matmul on CPUs and sdpa on GPUs (their kernels are fast for one
-    query token). Prefill is SDPA either way; a vision-language model keeps SDPA throughout."""
+    query token). Prefill is SDPA either way; a vision-language model keeps SDPA throughout.
+
+    ``share_prefill`` runs a prompt's prefill once for all its ``n`` samples and copies the KV
+    cache to each sample's row, where ``generate`` would otherwise prefill the same prompt ``n``
+    times. Same tokens and log-probabilities up to the dtype's rounding (fp32: equal to 1e-5);
+    off for the compiled loop (its static cache) and for vision-language models."""
 
     compile: bool = False
     # torch.compile mode of the decode step; null: "reduce-overhead" on GPUs (CUDA graphs),
@@ -31,10 +36,14 @@ class HFSettings:
     # attention of a decode step (one query token) in an SDPA model: matmul (two matmuls,
     # rlsys/models/attention.py), sdpa (torch's kernel), auto: matmul on CPUs, sdpa on GPUs
     decode_attention: str = "auto"
+    # prefill each prompt once for its n samples (the KV cache copied to each sample's row)
+    share_prefill: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile={self.compile!r} must be true or false")
+        if not isinstance(self.share_prefill, bool):
+            raise ValueError(f"share_prefill={self.share_prefill!r} must be true or false")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode={self.compile_mode!r} must be one of {COMPILE_MODES}")
         if self.decode_attention not in DECODE_ATTENTION:

@@ -100,6 +100,20 @@ def forward_flops(shape: ModelShape, lengths: Iterable[int], head_positions: int
     return body + attention + 2.0 * shape.head_params * head_positions
 
 
+def generation_flops(
+    shape: ModelShape, prompts: Iterable[int], rows: Iterable[tuple[int, int]], head_positions: int
+) -> float:
+    """Forward FLOPs of generating ``rows`` of (prompt, total) tokens whose distinct prompts have
+    ``prompts`` tokens: each distinct prompt prefilled once (a group's samples share it, as
+    both engines run it), each row's tokens after its prompt attending to everything before
+    them, the LM head on ``head_positions`` (the replies' tokens)."""
+    rows = list(rows)
+    body = 2.0 * shape.body_params * (sum(prompts) + sum(total - prompt for prompt, total in rows))
+    attention = sum(attention_flops(shape, t) for t in prompts)
+    attention += sum(attention_flops(shape, t) - attention_flops(shape, p) for p, t in rows)
+    return body + attention + 2.0 * shape.head_params * head_positions
+
+
 def training_flops(shape: ModelShape, lengths: Iterable[int], head_positions: int) -> float:
     """Forward and backward FLOPs (backward is twice the forward): 6N per token and more."""
     return 3.0 * forward_flops(shape, lengths, head_positions)

@@ -13,6 +13,7 @@ from rlsys.perf.flops import (
     attention_flops,
     decode_weight_bytes,
     forward_flops,
+    generation_flops,
     training_flops,
 )
 
@@ -61,6 +62,17 @@ def test_forward_and_training_flops_by_hand():
     assert training_flops(shape, [3, 5], 4) == 3 * (1179648 + 10752 + 51200)
     # the head term follows the positions it runs on, not the sequence lengths
     assert forward_flops(shape, [3, 5], 8) - forward_flops(shape, [3, 5], 4) == 2 * HEAD * 4
+
+
+def test_generation_flops_prefill_a_shared_prompt_once():
+    shape = ModelShape.from_config(LlamaConfig(**TINY))  # N = 73728, 256 T(T+1) attention
+    # two samples of one 3-token prompt, 5 and 6 tokens in all, 5 reply tokens: the prompt
+    # once (2N x 3, attention 3072), then 2 + 3 tokens (2N x 5) attending to all before them
+    # (7680 - 3072 and 10752 - 3072), the head on the 5 reply tokens (2 x 6400 x 5)
+    got = generation_flops(shape, [3], [(3, 5), (3, 6)], head_positions=5)
+    assert got == 2 * 73728 * 8 + 3072 + 4608 + 7680 + 64000
+    # against prefilling each sample's row: one prompt's prefill less
+    assert forward_flops(shape, [5, 6], 5) - got == 2 * 73728 * 3 + 3072
 
 
 def test_per_token_training_flops_approach_6n():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from rlsys.perf.flops import ModelShape, forward_flops
+from rlsys.perf.flops import ModelShape, forward_flops, generation_flops
 from rlsys.perf.machine import MachinePeak, copy_gbps, cpu_info, matmul_tflops, published_tflops
 from rlsys.perf.roofline import StepWork, floor_seconds
 from rlsys.trainers.rl.roofline import Roofline
@@ -101,5 +101,20 @@ def test_controller_roofline_metrics():
     assert out["perf/floor_s"] == pytest.approx(floor)
     assert out["perf/step_over_floor"] == pytest.approx(10.0 / floor)
     assert "perf/mfu_published" not in out  # a CPU has no data-sheet peak here
+    # two samples of one prompt (a group): the generation floor prefills it once
+    roofline = Roofline(shape, PEAK, decode_bytes_per_step=0, train_passes=1, reference=False)
+    ids = np.array([[0, 7, 8, 9, 10], [0, 7, 8, 11, 0]])
+    roofline.observe(
+        TrainBatch(
+            input_ids=ids,
+            attention_mask=np.array([[0, 1, 1, 1, 1], [0, 1, 1, 1, 0]]),
+            loss_mask=np.array([[0, 0, 1, 1], [0, 0, 1, 0]], dtype=np.float32),
+            behaviour_logprobs=np.zeros((2, 4), dtype=np.float32),
+        )
+    )
+    out = roofline.add({"time/generation": 1.0, "perf/step_s": 1.0})
+    generation = generation_flops(shape, [2], [(2, 4), (2, 3)], 3)  # prompt 7, 8; 3 replies
+    assert generation < forward_flops(shape, [4, 3], 3)
+    assert out["perf/floor_generation_s"] == pytest.approx(generation / 2e12)
     # a step without a batch: no learner figures
     assert "perf/mfu" not in roofline.add({"perf/step_s": 1.0})

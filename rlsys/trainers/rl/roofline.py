@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlsys.config.schema import TrainConfig
-from rlsys.perf.flops import ModelShape, decode_weight_bytes, forward_flops
+from rlsys.perf.flops import ModelShape, decode_weight_bytes, forward_flops, generation_flops
 from rlsys.perf.machine import MachinePeak
 from rlsys.perf.roofline import StepWork, floor_seconds
 from rlsys.types import TrainBatch
@@ -39,6 +39,7 @@ class Roofline:
         self.train_forwards = train_forwards
         self._lengths: list[int] = []  # (B,) real tokens per row of the step's batch
         self._responses = 0  # response tokens: where the LM head is needed
+        self._generation = 0.0  # the engines' forward FLOPs for the batch (prompts once)
 
     @classmethod
     def for_run(cls, cfg: TrainConfig, pools) -> Roofline:
@@ -57,20 +58,33 @@ class Roofline:
 
     def observe(self, batch: TrainBatch) -> None:
         """The step's learner batch."""
-        self._lengths = [int(n) for n in np.asarray(batch.attention_mask).sum(1)]
-        self._responses = int((np.asarray(batch.loss_mask) > 0).sum())
+        mask = np.asarray(batch.attention_mask)
+        trained = np.asarray(batch.loss_mask) > 0
+        self._lengths = [int(n) for n in mask.sum(1)]
+        self._responses = int(trained.sum())
+        # a row's prompt: its real tokens up to its first trained target's position (a row
+        # with none trained counts whole); rows of a group repeat one prompt
+        ends = np.where(trained.any(1), trained.argmax(1) + 1, mask.shape[1])
+        prompts: dict[bytes, int] = {}
+        rows = []
+        for row, end in enumerate(ends):
+            real = np.asarray(batch.input_ids)[row, :end][mask[row, :end] > 0]
+            prompts[real.tobytes()] = len(real)
+            rows.append((len(real), self._lengths[row]))
+        self._generation = generation_flops(self.shape, prompts.values(), rows, self._responses)
 
     def add(self, metrics: dict[str, float]) -> dict[str, float]:
         """``metrics`` (with ``time/*`` and ``perf/step_s``) plus the step's rooflines."""
         forward = forward_flops(self.shape, self._lengths, self._responses)
-        self._lengths, self._responses = [], 0
+        generation = self._generation
+        self._lengths, self._responses, self._generation = [], 0, 0.0
         learner_s = metrics.get("time/train", 0.0) + metrics.get("time/learner_logprobs", 0.0)
         passes = self.train_forwards * self.train_passes * ("time/train" in metrics)
         passes += "time/learner_logprobs" in metrics  # a forward pass
         work = StepWork(
             learner_flops=passes * forward,
             reference_flops=forward if self.reference else 0.0,
-            generation_flops=forward,  # the kept samples' prompts and replies, once
+            generation_flops=generation,  # the kept samples, each distinct prompt once
             decode_bytes=self.decode_bytes_per_step * metrics.get("rollout/decode_steps", 0),
             sync_bytes=metrics.get("perf/weight_sync_bytes", 0.0),
         )
