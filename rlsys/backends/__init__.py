@@ -83,5 +83,6 @@ def build_backend(
         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
         logits_chunk_tokens=cfg.logits_chunk_tokens,
         packing=cfg.packing,
+        share_prompts=cfg.share_prompts,
         **extra,
     )

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlsys.backends.packing import packed_micro_batches
+from rlsys.backends.packing import PackInputs, packed_micro_batches
 
 
 @dataclass
@@ -57,13 +57,14 @@ def forward_plan(num_rows: int, world_size: int, rank: int, micro: int) -> list[
 
 
 def packed_forward_plan(
-    lengths: np.ndarray, length: int, world_size: int, rank: int, micro: int
+    pack: PackInputs, length: int, world_size: int, rank: int, micro: int
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """``forward_plan`` packed (``learner.packing``): this rank's micro-batches as (rows,
     packed row of each), at most ``micro`` packed rows of ``length`` tokens (the batch's
-    padded length) each. ``lengths``: each row's real tokens."""
-    rank_rows = np.array_split(np.arange(len(lengths)), world_size)
-    return packed_micro_batches([r[:, None] for r in rank_rows], lengths, length, micro, rank)
+    padded length) each, or fewer longer ones holding a prompt's rows (``PackInputs``)."""
+    rank_rows = np.array_split(np.arange(len(pack.lengths)), world_size)
+    units = [pack.units(r, 1, length) for r in rank_rows]
+    return packed_micro_batches(units, pack, length, micro, rank)
 
 
 def train_plan(
@@ -74,7 +75,7 @@ def train_plan(
     micro: int,
     seed: int,
     group: int = 1,
-    lengths: np.ndarray | None = None,
+    pack: PackInputs | None = None,
 ) -> list[MiniBatchPlan]:
     """Shuffle rows, cut them into mini-batches, and give each rank its share of each.
 
@@ -84,9 +85,10 @@ def train_plan(
     loss token (more mini-batches than rows) are left out, so the backend never takes an
     optimizer step on nothing.
 
-    ``lengths`` (each row's real tokens; ``learner.packing``): micro-batches are packed, each
-    of at most ``max(1, micro // group)`` packed rows of ``group`` x the batch's padded length
-    tokens, and the plans carry ``packed_rows``.
+    ``pack`` (``learner.packing``): micro-batches are packed, each of at most
+    ``max(1, micro // group)`` packed rows of ``group`` x the batch's padded length tokens (or
+    fewer longer ones holding a prompt's rows: ``PackInputs``), and the plans carry
+    ``packed_rows``.
     """
     rows = loss_mask.shape[0]
     if rows % group:
@@ -101,14 +103,14 @@ def train_plan(
         seqs = float((loss_mask[mini_rows].sum(-1) > 0).sum())
         rank_groups = np.array_split(np.sort(mini), world_size)
         per_micro = max(1, micro // group)
-        if lengths is None:
+        if pack is None:
             micro_groups = _equal_micro_batches(rank_groups, rank, per_micro)
             plans.append(MiniBatchPlan([_expand(g, group) for g in micro_groups], tokens, seqs))
             continue
-        units = [_expand(g, group).reshape(-1, group) for g in rank_groups]
         # a packed row holds a group's rows at their padded length, whatever they are
         capacity = group * (loss_mask.shape[1] + 1)
-        packed = packed_micro_batches(units, lengths, capacity, per_micro, rank)
+        units = [pack.units(_expand(g, group), group, capacity) for g in rank_groups]
+        packed = packed_micro_batches(units, pack, capacity, per_micro, rank)
         plans.append(MiniBatchPlan([m[0] for m in packed], tokens, seqs, [m[1] for m in packed]))
     return plans
 
@@ -121,21 +123,21 @@ def _expand(groups: np.ndarray, group: int) -> np.ndarray:
 
 
 def padding_fraction(
-    attention_mask: np.ndarray, world_size: int, micro: int, packed: bool
+    attention_mask: np.ndarray, world_size: int, micro: int, pack: PackInputs | None
 ) -> float:
     """Share of the positions a forward pass over the batch computes that are padding: of
     its rows x padded length, or packed (``learner.packing``) of its packed micro-batches,
     each as many packed rows as it has x its longest packed row (``micro`` rows a
-    micro-batch at most, ``world_size`` ranks; empty micro-batches left out)."""
-    real = float(attention_mask.sum())
-    if not packed:
-        return 1.0 - real / max(attention_mask.size, 1)
-    lengths = attention_mask.sum(-1)
-    computed = 0.0
+    micro-batch at most, ``world_size`` ranks; empty micro-batches left out). Shared prompts
+    count as real once per packed row (``pack.size``)."""
+    if pack is None:
+        return 1.0 - float(attention_mask.sum()) / max(attention_mask.size, 1)
+    real = computed = 0.0
     for rank in range(world_size):
-        plan = packed_forward_plan(lengths, attention_mask.shape[1], world_size, rank, micro)
+        plan = packed_forward_plan(pack, attention_mask.shape[1], world_size, rank, micro)
         for rows, packed_row in plan:
             if len(rows):
-                fill = np.bincount(packed_row, weights=lengths[rows])
-                computed += len(fill) * float(fill.max())
+                fill = [pack.size(rows[packed_row == k]) for k in range(packed_row.max() + 1)]
+                real += sum(fill)
+                computed += len(fill) * max(fill)
     return 1.0 - real / max(computed, 1.0)

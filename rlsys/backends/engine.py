@@ -27,6 +27,7 @@ import torch.distributed as dist
 from rlsys.backends import checkpoint as ckpt
 from rlsys.backends.data_parallel import micro_batch_rows
 from rlsys.backends.memory import MemorySettings
+from rlsys.backends.packing import PackInputs
 from rlsys.backends.roles import MODEL_ROLES, ROLES, vision
 from rlsys.config.learner import OptimConfig
 from rlsys.config.schema import LoraConfig
@@ -87,6 +88,7 @@ class BackendEngine(ABC):
         max_tokens_per_micro_batch: int | None = None,
         logits_chunk_tokens: int | None = None,
         packing: bool = False,
+        share_prompts: bool = False,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
@@ -99,6 +101,8 @@ class BackendEngine(ABC):
         self.micro_tokens = max_tokens_per_micro_batch  # rows x padded length at most (None: any)
         self.logits_chunk = logits_chunk_tokens  # positions per LM-head slice (None: all at once)
         self.packing = packing  # micro-batches of packed sequences (rlsys/models/packing.py)
+        # packed policy passes hold a prompt once for its samples (learner.share_prompts)
+        self.share_prompts = packing and share_prompts and self.model_role.shares_prompts
         self.temperature = temperature
         self.device = device
         self.mixed_precision = mixed_precision
@@ -270,10 +274,14 @@ class BackendEngine(ABC):
         this."""
         return micro_batch_rows(self.micro, self.micro_tokens, batch.input_ids.shape[1])
 
-    def _lengths(self, batch: TrainBatch) -> np.ndarray | None:
-        """Each row's real tokens when micro-batches are packed (``learner.packing``; the
-        policy and the critic, not a reward model), else None: what the plans take to pack."""
-        return batch.attention_mask.sum(-1) if self.packing and self.model_role.packs else None
+    def _pack_inputs(self, batch: TrainBatch) -> PackInputs | None:
+        """What the plans pack by when micro-batches are packed (``learner.packing``; the
+        policy and the critic, not a reward model), else None."""
+        if not (self.packing and self.model_role.packs):
+            return None
+        return PackInputs.of(
+            batch.input_ids, batch.attention_mask, batch.loss_mask, self.share_prompts
+        )
 
     def _token_logprobs(
         self, t: dict[str, torch.Tensor], entropy: bool = False, entropy_grad: bool = False
@@ -292,6 +300,7 @@ class BackendEngine(ABC):
                 entropy,
                 entropy_grad,
                 self.logits_chunk,
+                self.share_prompts,
             )
         return token_logprobs(
             self.model,

@@ -38,6 +38,7 @@ class ModelRole:
     lora_heads: ClassVar[tuple[str, ...]] = ()  # trained in full under LoRA (name prefixes)
     padding_side: ClassVar[str | None] = None  # how its saved tokenizer pads (None: as loaded)
     packs: ClassVar[bool] = False  # its passes take packed micro-batches (learner.packing)
+    shares_prompts: ClassVar[bool] = False  # packed, a prompt once (learner.share_prompts)
 
     def load(self, path: str, dtype: str, trainable: bool) -> torch.nn.Module:
         """The model at ``path`` in ``dtype``, on the CPU (``trainable``: to be trained)."""
@@ -54,6 +55,7 @@ class PolicyRole(ModelRole):
 
     name = "policy"
     packs = True
+    shares_prompts = True
 
     def load(self, path: str, dtype: str, trainable: bool) -> torch.nn.Module:
         return load_model(path, dtype)

@@ -45,10 +45,10 @@ class FrozenScorer(BackendEngine):
     def _forward_plan(self, batch: TrainBatch, packable: bool):
         """This rank's micro-batches: (rows, packed row of each or None)."""
         micro = self._micro_rows(batch)
-        lengths = self._lengths(batch) if packable else None
-        if lengths is not None:
+        pack = self._pack_inputs(batch) if packable else None
+        if pack is not None:
             length = batch.input_ids.shape[1]
-            return packed_forward_plan(lengths, length, self.world_size, self.rank, micro)
+            return packed_forward_plan(pack, length, self.world_size, self.rank, micro)
         plan = forward_plan(len(batch), self.world_size, self.rank, micro)
         return [(rows, None) for rows in plan]
 

@@ -69,7 +69,7 @@ class TrainSteps(BackendEngine):
                 self._micro_rows(batch),
                 seed + epoch,
                 objective.rows_per_group,
-                self._lengths(batch),
+                self._pack_inputs(batch),
             )
             for plan in plans:
                 self._zero_grad()

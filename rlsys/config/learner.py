@@ -101,6 +101,12 @@ class LearnerConfig:
     # and gradients as unpacked up to float rounding; only speed and padding change
     # (docs/learners.md has the figures).
     packing: bool = False
+    # With packing, the policy's passes hold a prompt once for the samples of it that share a
+    # packed row: their replies attend to that one copy (a mask, not a copy per sample), so
+    # a group of n pays for its prompt once, in training as the engines do in generation.
+    # Exact, like packing; a prompt's rows go into one packed row (longer than the padded
+    # length where needed, at most 4x the prompt), and the micro-batch holds fewer rows.
+    share_prompts: bool = True
     # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
     # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
     # gathered and run in bf16); one fsdp2 rank and deepspeed: forward passes under

@@ -43,36 +43,77 @@ class PackedRows:
     index: torch.Tensor  # (B, T) int64 flat index into P * L of each real token; -1 on padding
 
 
+def _prompt_owners(
+    input_ids: torch.Tensor, real: torch.Tensor, packed_row: torch.Tensor, until: int
+) -> torch.Tensor:
+    """(B,) for each row, the first row of its packed row with the same tokens in columns
+    ``0..until`` (itself when none before it has them)."""
+    heads = torch.where(real[:, : until + 1], input_ids[:, : until + 1], -1).tolist()
+    first: dict[tuple, int] = {}
+    rows = zip(packed_row.tolist(), heads, strict=True)
+    owner = [first.setdefault((k, *h), b) for b, (k, h) in enumerate(rows)]
+    return torch.tensor(owner, device=input_ids.device)
+
+
 def pack_rows(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, packed_row: torch.Tensor
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed_row: torch.Tensor,
+    share_until: int | None = None,
 ) -> PackedRows:
-    """Pack the (B, T) rows into rows ``packed_row`` (B,), in row order within each."""
+    """Pack the (B, T) rows into rows ``packed_row`` (B,), in row order within each.
+
+    ``share_until`` (``learner.share_prompts``): rows of one packed row with the same tokens
+    in columns ``0..share_until`` (a group's samples: its prompt) hold them once, in the
+    first such row's place; the others' later tokens attend to those and to their own."""
     real = attention_mask.bool()
-    lengths = real.sum(-1)
+    owner = torch.arange(len(real), device=real.device)
+    placed = real
+    if share_until is not None:
+        owner = _prompt_owners(input_ids, real, packed_row, share_until)
+        head = torch.arange(real.shape[1], device=real.device) <= share_until
+        placed = real & ~((owner != owner.new_tensor(range(len(real))))[:, None] & head)
+    lengths = placed.sum(-1)
     count = int(packed_row.max()) + 1
     member = torch.nn.functional.one_hot(packed_row, count) * lengths[:, None]  # (B, P)
     start = (member.cumsum(0) - member).gather(1, packed_row[:, None])[:, 0]  # offset in row
     width = max(int(member.sum(0).max()), 1)
     rank = position_ids(real.long())  # real tokens before this one in its row
-    column = start[:, None] + rank
-    index = torch.where(real, packed_row[:, None] * width + column, -1)
-    flat = index[real]
+    column = start[:, None] + position_ids(placed.long())
+    index = torch.where(placed, packed_row[:, None] * width + column, -1)
+    # a shared token is its owner's, in the same column (the rows agree there)
+    index = torch.where(real & ~placed, index[owner], index)
+    flat = index[placed]
     size = count * width
-    ids = input_ids.new_zeros(size).index_copy(0, flat, input_ids[real])
+    ids = input_ids.new_zeros(size).index_copy(0, flat, input_ids[placed])
     positions = torch.arange(width, device=ids.device).repeat(count)
-    positions = positions.index_copy(0, flat, rank[real])
+    positions = positions.index_copy(0, flat, rank[placed])
     # sequence of every packed token: its row, or one block per packed row's padding
-    seq = torch.full((size,), len(real), device=ids.device).index_copy(
-        0, flat, torch.arange(len(real), device=ids.device)[:, None].expand_as(real)[real]
+    rows = torch.arange(len(real), device=ids.device)[:, None].expand_as(real)
+    seq = torch.full((size,), len(real), device=ids.device).index_copy(0, flat, rows[placed])
+    # the row whose shared tokens a token may also attend to (its owner's prompt), and
+    # whether a token is shared (an owner's prompt that other rows read)
+    reads = torch.full((size,), len(real), device=ids.device).index_copy(
+        0, flat, owner[rows[placed]]
+    )
+    shared = torch.zeros(len(real), real.shape[1], dtype=torch.bool, device=ids.device)
+    if share_until is not None:
+        readers = torch.zeros(len(real), dtype=torch.bool, device=ids.device)
+        readers[owner[owner != torch.arange(len(real), device=ids.device)]] = True
+        shared = placed & readers[:, None] & head
+    shared = torch.zeros(size, dtype=torch.bool, device=ids.device).index_copy(
+        0, flat, shared[placed]
     )
     filled = member.sum(0)  # padding counts positions from 0 after each row's tokens
     pad_pos = torch.arange(width, device=ids.device)[None] - filled[:, None]
     positions = torch.where(
         seq.view(count, width) == len(real), pad_pos, positions.view(count, width)
     )
-    seq = seq.view(count, width)
+    seq, reads, shared = (x.view(count, width) for x in (seq, reads, shared))
     causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
-    mask = (seq[:, :, None] == seq[:, None, :]) & causal
+    same = seq[:, :, None] == seq[:, None, :]
+    prompt = shared[:, None, :] & (reads[:, :, None] == seq[:, None, :])
+    mask = (same | prompt) & causal
     return PackedRows(ids.view(count, width), positions, mask[:, None], index)
 
 
@@ -122,10 +163,14 @@ def packed_token_logprobs(
     entropy: bool = False,
     entropy_grad: bool = False,
     slice_tokens: int | None = None,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``token_logprobs`` computed on packed rows (``packed_row``: each row's packed row),
-    returned in its (B, T-1) layout (see the module docstring for the positions held 0)."""
-    packed = pack_rows(input_ids, attention_mask, packed_row)
+    returned in its (B, T-1) layout (see the module docstring for the positions held 0).
+    ``share_prompts``: rows of a packed row that agree up to column ``first`` (the last one
+    no row is trained on) hold those tokens once (``pack_rows``' ``share_until``)."""
+    share_until = first if share_prompts and first > 0 else None
+    packed = pack_rows(input_ids, attention_mask, packed_row, share_until)
     rows, columns = _scored(packed, first)
     targets = input_ids[rows, columns + 1][:, None]
     with_grad = entropy_grad and torch.is_grad_enabled()

@@ -24,9 +24,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def toy_batch(model_dir: str, seed: int = 0, rows: int = 11, mixed: bool = False):
+def toy_batch(
+    model_dir: str, seed: int = 0, rows: int = 11, mixed: bool = False, grouped: bool = False
+):
     """``rows`` arithmetic prompts with random responses, advantages and returns; ``mixed``:
-    responses of 1 to 12 digits, so that rows pack 2-3 a packed row (learner.packing)."""
+    responses of 1 to 12 digits, so that rows pack 2-3 a packed row (learner.packing);
+    ``grouped``: groups of 4 rows share a prompt (learner.share_prompts)."""
     from rlsys.models.loading import load_tokenizer
 
     tok = load_tokenizer(model_dir)
@@ -35,6 +38,8 @@ def toy_batch(model_dir: str, seed: int = 0, rows: int = 11, mixed: bool = False
         tok.encode(f"{a}+{b}=", add_special_tokens=False)
         for a, b in rng.integers(0, 100, (rows, 2))
     ]
+    if grouped:
+        prompts = [prompts[i // 4] for i in range(rows)]
     digits = rng.integers(1, 13, rows) if mixed else None
     responses = [
         tok.encode(

@@ -13,6 +13,7 @@ from backend_harness import run_ranks, toy_batch
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective
 from rlsys.algorithms.policy_losses import ClipSettings, SequenceClipSettings
 from rlsys.backends.data_parallel import packed_forward_plan
+from rlsys.backends.packing import PackInputs
 from rlsys.config.learner import OptimConfig
 
 
@@ -26,7 +27,7 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu", compi
 
     out = {}
     for case in cases:
-        batch = toy_batch(model_dir, mixed=case in MIXED)
+        batch = toy_batch(model_dir, mixed=case in MIXED, grouped=case in GROUPED)
         objective, role = OBJECTIVES[case]
         backend = FSDP2Backend(
             model_dir,
@@ -41,6 +42,7 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu", compi
             if case == "ppo_compiled"
             else None,
             packing=case in PACKED,
+            share_prompts=case in GROUPED,
         )
         forward = backend.forward_logprobs if role == "policy" else backend.forward_values
         rows, logprobs = forward(batch)
@@ -116,10 +118,15 @@ OBJECTIVES = {
     "ppo_mixed": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
     "critic_packed": (ValueObjective(clip=0.2), "value"),
     "critic_mixed": (ValueObjective(clip=0.2), "value"),
+    # learner.share_prompts: packed with each group's prompt once, on rows in groups of 4
+    "ppo_shared": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
+    "ppo_grouped": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
 }
 SINGLE_STEP = ("ppo_pass", "ppo_fused")
-PACKED = {"ppo_packed": "ppo_mixed", "critic_packed": "critic_mixed"}  # case: its unpacked twin
-MIXED = (*PACKED, *PACKED.values())  # cases on toy_batch(mixed=True)
+# case: its unpacked twin
+PACKED = {"ppo_packed": "ppo_mixed", "critic_packed": "critic_mixed", "ppo_shared": "ppo_grouped"}
+MIXED = ("ppo_packed", "ppo_mixed", "critic_packed", "critic_mixed")  # on toy_batch(mixed=True)
+GROUPED = ("ppo_shared", "ppo_grouped")  # on toy_batch(grouped=True), shared if packed
 ONE_RANK_ONLY = ("ppo_pass", "ppo_bf16", *PACKED.values())
 # compiling costs ~20 s a process: once, sharded; packing is checked against one rank
 TWO_RANKS_ONLY = ("ppo_compiled", *PACKED)
@@ -170,9 +177,11 @@ def test_packed_two_ranks_train_like_one_unpacked(tiny_model_dir, trained, case)
     """learner.packing on 2 ranks: the unpacked one-rank log-probabilities (values) where the
     loss reads them, loss, grad norm and update."""
     one, two = trained[0][0][PACKED[case]], trained[1][0][case]
-    batch = toy_batch(tiny_model_dir, mixed=True)
-    lengths, length = batch.attention_mask.sum(-1), batch.input_ids.shape[1]
-    plans = [packed_forward_plan(lengths, length, 2, rank, 2) for rank in range(2)]
+    grouped = case in GROUPED
+    batch = toy_batch(tiny_model_dir, mixed=not grouped, grouped=grouped)
+    pack = PackInputs.of(batch.input_ids, batch.attention_mask, batch.loss_mask, grouped)
+    assert (pack.prompts is not None) == grouped
+    plans = [packed_forward_plan(pack, batch.input_ids.shape[1], 2, r, 2) for r in range(2)]
     assert any(len(set(packed)) < len(rows) for p in plans for rows, packed in p)  # shared
     scored = batch.loss_mask > 0
     want, got = _logprobs(trained[0], PACKED[case]), _logprobs(trained[1], case)

@@ -14,7 +14,7 @@ from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.policy_losses import ClipSettings
 from rlsys.backends import build_backend
 from rlsys.backends.data_parallel import packed_forward_plan, padding_fraction, train_plan
-from rlsys.backends.packing import first_fit_decreasing
+from rlsys.backends.packing import PackInputs, first_fit_decreasing
 from rlsys.config.learner import LearnerConfig, OptimConfig
 from rlsys.data.collate import pack
 from rlsys.models.loading import load_model, load_tokenizer
@@ -33,7 +33,7 @@ def test_first_fit_decreasing_by_hand():
 
 def test_packed_forward_plan_keeps_the_data_parallel_rules():
     lengths = np.array([3, 9, 4, 10, 2, 2, 5, 8, 1, 7, 6])
-    plans = [packed_forward_plan(lengths, 10, 3, rank, micro=2) for rank in range(3)]
+    plans = [packed_forward_plan(PackInputs(lengths), 10, 3, rank, micro=2) for rank in range(3)]
     assert len({len(p) for p in plans}) == 1  # every rank the same number of micro-batches
     rows = np.concatenate([r for p in plans for r, _ in p])
     assert sorted(rows.tolist()) == list(range(11))  # every row once
@@ -44,22 +44,25 @@ def test_packed_forward_plan_keeps_the_data_parallel_rules():
             assert len(set(packed.tolist())) <= 2  # micro packed rows at most
             for k in set(packed.tolist()):
                 assert lengths[rows[packed == k]].sum() <= 10  # a packed row's capacity
-    again = packed_forward_plan(lengths, 10, 3, 1, micro=2)  # deterministic
+    again = packed_forward_plan(PackInputs(lengths), 10, 3, 1, micro=2)  # deterministic
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(again, plans[1], strict=True))
     # rank 0 needs two packed rows (6 + 6 > 10), rank 1 one: it gets an empty micro-batch
-    assert [r.size for r, _ in packed_forward_plan(np.array([6, 6, 4]), 10, 2, 1, 1)] == [1, 0]
+    assert [
+        r.size for r, _ in packed_forward_plan(PackInputs(np.array([6, 6, 4])), 10, 2, 1, 1)
+    ] == [1, 0]
 
 
 def test_padding_fraction_by_hand():
     mask = np.zeros((3, 6), np.int64)
     for row, (start, end) in enumerate([(1, 4), (0, 5), (4, 6)]):  # 3, 5 and 2 real tokens
         mask[row, start:end] = 1
-    assert padding_fraction(mask, 1, 2, packed=False) == pytest.approx(1 - 10 / 18)
-    assert padding_fraction(mask, 1, 2, packed=True) == 0.0  # rows 5 | 3 + 2
+    packed = PackInputs(mask.sum(-1))
+    assert padding_fraction(mask, 1, 2, None) == pytest.approx(1 - 10 / 18)
+    assert padding_fraction(mask, 1, 2, packed) == 0.0  # rows 5 | 3 + 2
     # two ranks, micro 1: rank 0's rows (3, 5 tokens: 8 > 6) in two micro-batches, rank 1's
     # (2) in one: nothing padded; micro 2: rank 0's two packed rows are 5 long (3 + 2 pads)
-    assert padding_fraction(mask, 2, 1, packed=True) == 0.0
-    assert padding_fraction(mask, 2, 2, packed=True) == pytest.approx(1 - 10 / 12)
+    assert padding_fraction(mask, 2, 1, packed) == 0.0
+    assert padding_fraction(mask, 2, 2, packed) == pytest.approx(1 - 10 / 12)
 
 
 def test_packed_train_plan_keeps_pairs_and_token_counts():
@@ -68,7 +71,7 @@ def test_packed_train_plan_keeps_pairs_and_token_counts():
     lengths = rng.integers(2, 9, 12)
     for rank in range(2):
         plain = train_plan(mask, 2, rank, 3, micro=4, seed=1, group=2)
-        packed = train_plan(mask, 2, rank, 3, micro=4, seed=1, group=2, lengths=lengths)
+        packed = train_plan(mask, 2, rank, 3, 4, 1, group=2, pack=PackInputs(lengths))
         assert [p.global_tokens for p in packed] == [p.global_tokens for p in plain]
         for a, b in zip(plain, packed, strict=True):
             assert sorted(np.concatenate(a.micro_batches)) == sorted(
@@ -83,7 +86,7 @@ def test_packed_train_plan_keeps_pairs_and_token_counts():
     counts = {
         len(p.micro_batches)
         for r in range(2)
-        for p in train_plan(mask, 2, r, 1, 2, 0, lengths=lengths)
+        for p in train_plan(mask, 2, r, 1, 2, 0, pack=PackInputs(lengths))
     }
     assert len(counts) == 1
 
@@ -162,6 +165,50 @@ def test_packed_logprobs_and_gradients_equal_unpacked(model):
         torch.testing.assert_close(got[name], grad, atol=1e-7, rtol=1e-5, msg=name)
 
 
+def _grouped_rows(seed: int = 0, vocab: int = 90):
+    """Six rows laid out as ``collate.pack`` does: prompts A (3 rows), B (2 rows, shorter:
+    left-padded) and C, replies of 1-5 tokens, the loss on the replies."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 3, 4)]
+    replies = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 5, 1, 4, 2, 3)]
+    batch = pack([prompts[k] for k in (0, 0, 0, 1, 1, 2)], replies, 0)
+    tensors = (batch.input_ids, batch.attention_mask, batch.loss_mask)
+    return tuple(torch.from_numpy(x) for x in tensors)
+
+
+def test_pack_rows_shares_a_prompt_within_a_packed_row():
+    ids, mask, loss = _grouped_rows()
+    first = first_scored(loss)  # 4: the prompts end in column 4
+    packed = pack_rows(ids, mask, torch.tensor([0, 0, 0, 1, 1, 0]), share_until=first)
+    # row 0: A (5) + 3, then rows 1 and 2's replies (5, 1), then C's 4 + 3; row 1: B + 4, + 2
+    assert packed.input_ids.shape == (2, 5 + 3 + 5 + 1 + 4 + 3)
+    assert packed.position_ids[0, :14].tolist() == [*range(8), *range(5, 10), 5]
+    assert packed.position_ids[1, :9].tolist() == [*range(7), 3, 4]
+    # row 1's second reply token attends to A's prompt and its own first token only
+    allowed = packed.mask[0, 0, 9].nonzero().flatten().tolist()
+    assert allowed == [0, 1, 2, 3, 4, 8, 9]
+    # the shared tokens are read where the owner holds them
+    assert packed.index[1, :5].tolist() == packed.index[0, :5].tolist()
+    assert packed.index[2, :5].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_shared_prompt_logprobs_and_gradients_equal_unpacked(model):
+    ids, mask, loss = _grouped_rows(1)
+    first = first_scored(loss)
+    plain = token_logprobs(model, ids, mask, 0.8, first, entropy=True, entropy_grad=True)
+    want = _grads(model, *plain, loss)
+    packed_row = torch.tensor([0, 1, 0, 1, 1, 0])  # A's rows split over two packed rows
+    got_lp = packed_token_logprobs(
+        model, ids, mask, packed_row, 0.8, first, True, True, 5, share_prompts=True
+    )
+    got = _grads(model, *got_lp, loss)
+    scored = loss > 0
+    torch.testing.assert_close(got_lp[0][scored], plain[0][scored], atol=1e-6, rtol=0)
+    torch.testing.assert_close(got_lp[1][scored], plain[1][scored], atol=1e-6, rtol=0)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-7, rtol=1e-5, msg=name)
+
+
 def test_packed_critic_values_equal_unpacked(tiny_model_dir):
     critic = ValueModel(load_model(tiny_model_dir))
     torch.nn.init.normal_(critic.head.weight)  # a zero head would hide any difference
@@ -197,17 +244,25 @@ def _recorded(backend) -> tuple[list, list]:
     return calls, grads
 
 
-def test_a_packed_learner_trains_and_scores_like_an_unpacked_one(one_rank, tiny_model_dir):
-    """Same log-probabilities, loss, entropy and gradients; fewer micro-batches."""
+@pytest.mark.parametrize("prompts_per_batch", [12, 3], ids=["distinct", "groups-of-4"])
+def test_a_packed_learner_trains_and_scores_like_an_unpacked_one(
+    one_rank, tiny_model_dir, prompts_per_batch
+):
+    """Same log-probabilities, loss, entropy and gradients; fewer micro-batches; with groups
+    of samples (``learner.share_prompts``) fewer tokens through the model."""
     tok = load_tokenizer(tiny_model_dir)
     rng = np.random.default_rng(0)
-    prompts = [
-        tok.encode(f"{a}*{b}=", add_special_tokens=False) for a, b in rng.integers(0, 9999, (12, 2))
+    distinct = [
+        tok.encode(f"{a}*{b}=", add_special_tokens=False)
+        for a, b in rng.integers(0, 9999, (prompts_per_batch, 2))
     ]
+    prompts = [distinct[i * prompts_per_batch // 12] for i in range(12)]
+    # mixed lengths: rows pack 2-3 a row; a group's replies shorter than its prompt
+    most = 25 if prompts_per_batch == 12 else 8
     responses = [
         tok.encode("".join(rng.choice(list("0123456789"), n)), add_special_tokens=False)
         + [tok.eos_token_id]
-        for n in rng.integers(1, 25, len(prompts))  # mixed lengths: rows pack 2-3 a row
+        for n in rng.integers(1, most, len(prompts))
     ]
     batch = pack(prompts, responses, tok.pad_token_id)
     batch.old_logprobs = np.zeros_like(batch.loss_mask) - 3.0
@@ -217,25 +272,63 @@ def test_a_packed_learner_trains_and_scores_like_an_unpacked_one(one_rank, tiny_
     )
     length = batch.input_ids.shape[1]
     runs = []
-    for packing in (False, True):
+    for packing, share in ((False, False), (True, False), (True, True)):
         cfg = LearnerConfig(
             world_size=1,
             micro_batch_size=2,
             max_tokens_per_micro_batch=2 * length,
             packing=packing,
+            share_prompts=share,
             optim=OptimConfig(lr=1e-3, warmup_steps=0),
         )
         backend = build_backend(cfg, tiny_model_dir, "float32", 1.0, torch.device("cpu"))
         calls, grads = _recorded(backend)
+        tokens = []
+        backend.module.register_forward_pre_hook(
+            lambda _, args, kwargs, seen=tokens: seen.append(kwargs["input_ids"].numel()),
+            with_kwargs=True,
+        )
         rows, logprobs = backend.forward_logprobs(batch)
         metrics = backend.train_step(batch, objective, num_mini_batches=1, epochs=1, seed=0)
-        runs.append((rows, logprobs, metrics, grads, len(calls)))
-    (rows, logprobs, metrics, grads, calls), (rows2, logprobs2, metrics2, grads2, calls2) = runs
-    assert calls == 6 and calls2 < calls
-    order, order2 = np.argsort(rows), np.argsort(rows2)
+        runs.append((rows, logprobs, metrics, grads, len(calls), sum(tokens)))
+    rows, logprobs, metrics, grads, calls, tokens = runs[0]
+    assert calls == 6
     scored = batch.loss_mask > 0
-    np.testing.assert_allclose(logprobs2[order2][scored], logprobs[order][scored], atol=1e-6)
-    for key in ("loss", "entropy", "trained_tokens"):
-        assert metrics2[key] == pytest.approx(metrics[key], rel=1e-5), key
-    for name, grad in grads[0].items():
-        torch.testing.assert_close(grads2[0][name], grad, atol=1e-7, rtol=1e-5, msg=name)
+    for rows2, logprobs2, metrics2, grads2, _, _ in runs[1:]:
+        order, order2 = np.argsort(rows), np.argsort(rows2)
+        np.testing.assert_allclose(logprobs2[order2][scored], logprobs[order][scored], atol=1e-6)
+        for key in ("loss", "entropy", "trained_tokens"):
+            assert metrics2[key] == pytest.approx(metrics[key], rel=1e-5), key
+        for name, grad in grads[0].items():
+            torch.testing.assert_close(grads2[0][name], grad, atol=1e-7, rtol=1e-5, msg=name)
+    packed_tokens, shared_tokens = runs[1][-1], runs[2][-1]
+    if prompts_per_batch == 12:  # nothing to share
+        assert runs[1][4] < calls
+        assert shared_tokens == packed_tokens
+    else:  # rows of equal length do not pack; groups sharing a prompt do
+        assert runs[2][4] < calls
+        assert shared_tokens < packed_tokens
+
+
+def test_a_prompts_rows_share_a_packed_row():
+    """The plans keep a prompt's rows in one packed row (longer than the padded length
+    where needed) and count its tokens once."""
+    ids = np.array([[0, 5, 6, 1, 2], [0, 5, 6, 3, 0], [7, 8, 9, 4, 0], [0, 5, 6, 2, 2]])
+    mask = (ids > 0).astype(np.int64)
+    mask[0, 0] = mask[1, 0] = mask[3, 0] = 0
+    loss = np.zeros((4, 4), np.float32)
+    loss[:, 2:] = mask[:, 3:]
+    pack = PackInputs.of(ids, mask, loss, share_prompts=True)
+    assert pack.prompts[0] == pack.prompts[1] == pack.prompts[3] != pack.prompts[2]
+    assert pack.prompt_lengths.tolist() == [2, 2, 3, 2]
+    assert pack.size(np.array([0, 1, 3])) == 2 + 2 + 1 + 2  # the prompt once
+    ((rows, packed_row),) = packed_forward_plan(pack, 5, 1, 0, micro=4)
+    together = {int(packed_row[rows == r][0]) for r in (0, 1, 3)}
+    assert len(together) == 1
+    assert PackInputs.of(ids, mask, loss, share_prompts=False).prompts is None
+    # a prompt's rows beyond 4x its prompt (and the padded length) go to a second chunk
+    long = PackInputs(np.full(6, 12), np.zeros(6, np.int64), np.full(6, 6))
+    assert [u.tolist() for u in long.units(np.arange(6), 1, 18)] == [[0, 1, 2], [3, 4, 5]]
+    # replies longer than their prompt: each row a unit of its own
+    replies = PackInputs(np.full(3, 12), np.zeros(3, np.int64), np.full(3, 5))
+    assert [u.tolist() for u in replies.units(np.arange(3), 1, 40)] == [[0], [1], [2]]

@@ -104,17 +104,22 @@ def test_controller_roofline_metrics():
     # two samples of one prompt (a group): the generation floor prefills it once
     roofline = Roofline(shape, PEAK, decode_bytes_per_step=0, train_passes=1, reference=False)
     ids = np.array([[0, 7, 8, 9, 10], [0, 7, 8, 11, 0]])
-    roofline.observe(
-        TrainBatch(
-            input_ids=ids,
-            attention_mask=np.array([[0, 1, 1, 1, 1], [0, 1, 1, 1, 0]]),
-            loss_mask=np.array([[0, 0, 1, 1], [0, 0, 1, 0]], dtype=np.float32),
-            behaviour_logprobs=np.zeros((2, 4), dtype=np.float32),
-        )
+    batch = TrainBatch(
+        input_ids=ids,
+        attention_mask=np.array([[0, 1, 1, 1, 1], [0, 1, 1, 1, 0]]),
+        loss_mask=np.array([[0, 0, 1, 1], [0, 0, 1, 0]], dtype=np.float32),
+        behaviour_logprobs=np.zeros((2, 4), dtype=np.float32),
     )
-    out = roofline.add({"time/generation": 1.0, "perf/step_s": 1.0})
+    roofline.observe(batch)
+    out = roofline.add({"time/generation": 1.0, "time/train": 1.0, "perf/step_s": 1.0})
     generation = generation_flops(shape, [2], [(2, 4), (2, 3)], 3)  # prompt 7, 8; 3 replies
     assert generation < forward_flops(shape, [4, 3], 3)
     assert out["perf/floor_generation_s"] == pytest.approx(generation / 2e12)
+    # the learner counts each row's prompt, unless it packs with shared prompts
+    assert out["perf/learner_tflops"] == pytest.approx(3 * forward_flops(shape, [4, 3], 3) / 1e12)
+    shared = Roofline(shape, PEAK, 0, train_passes=1, reference=False, share_prompts=True)
+    shared.observe(batch)
+    out = shared.add({"time/generation": 1.0, "time/train": 1.0, "perf/step_s": 1.0})
+    assert out["perf/learner_tflops"] == pytest.approx(3 * generation / 1e12)
     # a step without a batch: no learner figures
     assert "perf/mfu" not in roofline.add({"perf/step_s": 1.0})

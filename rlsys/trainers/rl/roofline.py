@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlsys.backends.packing import PackInputs
 from rlsys.config.schema import TrainConfig
 from rlsys.perf.flops import ModelShape, decode_weight_bytes, forward_flops, generation_flops
 from rlsys.perf.machine import MachinePeak
@@ -29,6 +30,7 @@ class Roofline:
         train_passes: int,
         reference: bool,
         train_forwards: int = 3,
+        share_prompts: bool = False,
     ) -> None:
         self.shape, self.peak = shape, peak
         self.decode_bytes_per_step = decode_bytes_per_step  # weights read by one decode step
@@ -37,6 +39,10 @@ class Roofline:
         # forwards' worth of FLOPs in one training pass: 3 (the backward is twice the
         # forward); 2 with LoRA (no weight gradients for the frozen weights)
         self.train_forwards = train_forwards
+        # the learner packs with shared prompts (learner.packing and share_prompts): its
+        # forward counts a shared prompt once, as it computes it
+        self.share_prompts = share_prompts
+        self._learner = 0.0  # the learner's forward FLOPs for the batch
         self._lengths: list[int] = []  # (B,) real tokens per row of the step's batch
         self._responses = 0  # response tokens: where the LM head is needed
         self._generation = 0.0  # the engines' forward FLOPs for the batch (prompts once)
@@ -54,6 +60,7 @@ class Roofline:
             cfg.learner.ppo_epochs,
             cfg.algorithm.uses_reference,
             train_forwards=2 if cfg.model.lora.enabled else 3,
+            share_prompts=cfg.learner.packing and cfg.learner.share_prompts,
         )
 
     def observe(self, batch: TrainBatch) -> None:
@@ -72,12 +79,23 @@ class Roofline:
             prompts[real.tobytes()] = len(real)
             rows.append((len(real), self._lengths[row]))
         self._generation = generation_flops(self.shape, prompts.values(), rows, self._responses)
+        self._learner = forward_flops(self.shape, self._lengths, self._responses)
+        if self.share_prompts:  # the units the learner's plan packs (a shared prompt once)
+            pack = PackInputs.of(batch.input_ids, mask, batch.loss_mask, share_prompts=True)
+            self._learner = 0.0
+            for unit in pack.units(np.arange(len(mask)), 1, mask.shape[1]):
+                heads = 2.0 * self.shape.head_params * int(trained[unit].sum())
+                tokens = [(int(pack.prompt_lengths[r]), self._lengths[r]) for r in unit]
+                if len(unit) > 1:
+                    self._learner += generation_flops(self.shape, [tokens[0][0]], tokens, 0)
+                else:
+                    self._learner += forward_flops(self.shape, [tokens[0][1]], 0)
+                self._learner += heads
 
     def add(self, metrics: dict[str, float]) -> dict[str, float]:
         """``metrics`` (with ``time/*`` and ``perf/step_s``) plus the step's rooflines."""
-        forward = forward_flops(self.shape, self._lengths, self._responses)
-        generation = self._generation
-        self._lengths, self._responses, self._generation = [], 0, 0.0
+        forward, generation = self._learner, self._generation
+        self._lengths, self._responses, self._generation, self._learner = [], 0, 0.0, 0.0
         learner_s = metrics.get("time/train", 0.0) + metrics.get("time/learner_logprobs", 0.0)
         passes = self.train_forwards * self.train_passes * ("time/train" in metrics)
         passes += "time/learner_logprobs" in metrics  # a forward pass

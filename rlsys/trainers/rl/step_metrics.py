@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlsys.backends.data_parallel import micro_batch_rows, padding_fraction
+from rlsys.backends.packing import PackInputs
 from rlsys.buffer.streaming import StreamingBuffer
 from rlsys.config.learner import LearnerConfig
 from rlsys.types import RolloutGroup, TrainBatch
@@ -93,9 +94,13 @@ def perf_metrics(metrics: dict, stage_seconds: dict[str, float], step_s: float) 
 
 def learner_padding(batch: TrainBatch, learner: LearnerConfig) -> float:
     """``perf/padding_frac``: the share of what the learner's forward passes compute that is
-    padding, packed as it packs them (``learner.packing``) or row by row."""
+    padding, packed as it packs them (``learner.packing``, prompts shared with
+    ``learner.share_prompts``) or row by row."""
     mask = batch.attention_mask
     micro = micro_batch_rows(
         learner.micro_batch_size, learner.max_tokens_per_micro_batch, mask.shape[1]
     )
-    return padding_fraction(mask, learner.world_size, micro, learner.packing)
+    pack = None
+    if learner.packing:
+        pack = PackInputs.of(batch.input_ids, mask, batch.loss_mask, learner.share_prompts)
+    return padding_fraction(mask, learner.world_size, micro, pack)
