@@ -31,7 +31,8 @@ decoder layer compiled; TRL ``torch_compile=True``: the whole model for its trai
 the precision label gets ``+compile``). Compiling costs the first steps: TRL's recompiled
 for its first ~8 steps of the tiny workload (1.7-2.2 s each), so use ``--steps 24 --warmup
 10`` there. Each workload's rlsys overrides (``Workload.rlsys``: one learner rank with every core, which
-beats two one-core ranks on 2 cores) are listed with it below.
+beats two one-core ranks on 2 cores; on SmolLM2 packed micro-batches, each group's chat prompt
+held once, ``learner.packing``) are listed with it below.
 
 Different, and why: the reward. rlsys scores with its task's verifier; TRL's runner
 (scripts/peer/trl_grpo.py) checks the reply's last number with a regex, because rlsys is not
@@ -92,9 +93,12 @@ ASYNC = [
     f"rollout.num_cpus_per_worker={max(1, CPUS - CPUS // 2)}",
 ]
 COMPILE = ["learner.compile=true"]  # --compile; TRL gets torch_compile=True
+# packed micro-batches, a group's chat prompt held once (learner.share_prompts, on with
+# packing): rlsys's setting for chat prompts, which outweigh their short replies here
+PACKED = ["learner.packing=true"]
 WORKLOADS = {
     "tiny": Workload("tiny-3m", "arithmetic", 8, 8, 8, ONE_RANK),
-    "smollm2": Workload("smollm2-135m", "arithmetic_chat", 4, 8, 16, ONE_RANK),
+    "smollm2": Workload("smollm2-135m", "arithmetic_chat", 4, 8, 16, ONE_RANK + PACKED),
     # generation dominates: asked to explain, the model writes ~60-128 tokens a reply
     "smollm2_long": Workload(
         "smollm2-135m",
@@ -102,7 +106,7 @@ WORKLOADS = {
         2,
         8,
         128,
-        ONE_RANK,
+        ONE_RANK + PACKED,
         ["task.instruction='Explain each step of the addition, then give the final answer.'"],
     ),
 }

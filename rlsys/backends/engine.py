@@ -318,7 +318,9 @@ class BackendEngine(ABC):
         """The critic's (B, T-1) values of the micro-batch ``t``, packed when it has
         ``packed_row``."""
         if "packed_row" in t:
+            first = first_scored(t["loss_mask"])
+            share_until = first if self.share_prompts and first > 0 else None
             return packed_token_values(
-                self.model, t["input_ids"], t["attention_mask"], t["packed_row"]
+                self.model, t["input_ids"], t["attention_mask"], t["packed_row"], share_until
             )
         return token_values(self.model, t["input_ids"], t["attention_mask"])

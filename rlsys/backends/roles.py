@@ -72,6 +72,7 @@ class CriticRole(ModelRole):
     name = "value"
     lora = False
     packs = True
+    shares_prompts = True
     hf_form = False
 
     def load(self, path: str, dtype: str, trainable: bool) -> torch.nn.Module:

@@ -101,9 +101,9 @@ class LearnerConfig:
     # and gradients as unpacked up to float rounding; only speed and padding change
     # (docs/learners.md has the figures).
     packing: bool = False
-    # With packing, the policy's passes hold a prompt once for the samples of it that share a
-    # packed row: their replies attend to that one copy (a mask, not a copy per sample), so
-    # a group of n pays for its prompt once, in training as the engines do in generation.
+    # With packing, a prompt is held once for the samples of it that share a packed row (the
+    # policy's passes and the critic's): their replies attend to that one copy (a mask, not
+    # a copy per sample), so a group of n pays for its prompt once, as the engines do.
     # Exact, like packing; a prompt's rows go into one packed row (longer than the padded
     # length where needed, at most 4x the prompt), and the micro-batch holds fewer rows.
     share_prompts: bool = True

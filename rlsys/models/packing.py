@@ -13,6 +13,13 @@ padding is one more block, so no query row is fully masked (SDPA would give NaN 
 Flash-attention's varlen path (position ids only, GPUs) is not wired: a model using it
 raises.
 
+Shared prompts (``learner.share_prompts``, ``pack_rows``' ``share_until``): rows of a packed row
+that agree up to a column (a group's samples: their prompt) hold those tokens once; each
+other row's later tokens attend to that copy and to themselves, positions continuing the
+prompt's. The training-side twin of prefilling a prompt once per group; Prefix Grouper (Liu
+et al. 2025, arXiv 2506.05433) does the same with attention split into a prefix and a suffix
+part, here it is one forward under the packed row's mask, so nothing else changes.
+
 Only the positions the unpacked path computes and a loss can read are computed: a real
 token whose next token is real, from the micro-batch's first scored column on. The others
 hold 0 (unpacked, a position whose target is padding holds a meaningless number; no loss
@@ -193,11 +200,16 @@ def packed_token_logprobs(
 
 
 def packed_token_values(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed_row: torch.Tensor
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed_row: torch.Tensor,
+    share_until: int | None = None,
 ) -> torch.Tensor:
     """``token_values`` of the critic computed on packed rows, in its (B, T-1) layout: the
-    value of every real token whose next token is real, 0 elsewhere."""
-    packed = pack_rows(input_ids, attention_mask, packed_row)
+    value of every real token whose next token is real, 0 elsewhere. ``share_until``: as
+    ``pack_rows``' (rows agreeing up to that column share those tokens' values)."""
+    packed = pack_rows(input_ids, attention_mask, packed_row, share_until)
     rows, columns = _scored(packed, 0)
     values = model(
         packed.input_ids,

@@ -216,6 +216,11 @@ def test_packed_critic_values_equal_unpacked(tiny_model_dir):
     want = token_values(critic, ids, mask)
     got = packed_token_values(critic, ids, mask, torch.tensor([1, 0, 1, 2, 2]))
     torch.testing.assert_close(got[loss > 0], want[loss > 0], atol=1e-5, rtol=1e-6)
+    ids, mask, loss = _grouped_rows(2)  # shared prompts
+    want = token_values(critic, ids, mask)
+    packed_row = torch.tensor([0, 0, 1, 1, 1, 0])
+    got = packed_token_values(critic, ids, mask, packed_row, share_until=first_scored(loss))
+    torch.testing.assert_close(got[loss > 0], want[loss > 0], atol=1e-5, rtol=1e-6)
 
 
 @pytest.fixture
