@@ -74,12 +74,16 @@ def pack_rows(
     in columns ``0..share_until`` (a group's samples: its prompt) hold them once, in the
     first such row's place; the others' later tokens attend to those and to their own."""
     real = attention_mask.bool()
-    owner = torch.arange(len(real), device=real.device)
-    placed = real
+    own = torch.arange(len(real), device=real.device)
+    owner, placed = own, real  # whose copy of a shared token a row reads; tokens placed
+    shared = torch.zeros_like(real)  # an owner's tokens that other rows read
     if share_until is not None:
         owner = _prompt_owners(input_ids, real, packed_row, share_until)
         head = torch.arange(real.shape[1], device=real.device) <= share_until
-        placed = real & ~((owner != owner.new_tensor(range(len(real))))[:, None] & head)
+        placed = real & ~((owner != own)[:, None] & head)
+        readers = torch.zeros_like(own, dtype=torch.bool)
+        readers[owner[owner != own]] = True
+        shared = placed & readers[:, None] & head
     lengths = placed.sum(-1)
     count = int(packed_row.max()) + 1
     member = torch.nn.functional.one_hot(packed_row, count) * lengths[:, None]  # (B, P)
@@ -96,18 +100,10 @@ def pack_rows(
     positions = torch.arange(width, device=ids.device).repeat(count)
     positions = positions.index_copy(0, flat, rank[placed])
     # sequence of every packed token: its row, or one block per packed row's padding
-    rows = torch.arange(len(real), device=ids.device)[:, None].expand_as(real)
+    rows = own[:, None].expand_as(real)
     seq = torch.full((size,), len(real), device=ids.device).index_copy(0, flat, rows[placed])
-    # the row whose shared tokens a token may also attend to (its owner's prompt), and
-    # whether a token is shared (an owner's prompt that other rows read)
-    reads = torch.full((size,), len(real), device=ids.device).index_copy(
-        0, flat, owner[rows[placed]]
-    )
-    shared = torch.zeros(len(real), real.shape[1], dtype=torch.bool, device=ids.device)
-    if share_until is not None:
-        readers = torch.zeros(len(real), dtype=torch.bool, device=ids.device)
-        readers[owner[owner != torch.arange(len(real), device=ids.device)]] = True
-        shared = placed & readers[:, None] & head
+    # the row whose shared tokens each packed token may also attend to (its owner's)
+    reads = torch.full_like(seq, len(real)).index_copy(0, flat, owner[rows[placed]])
     shared = torch.zeros(size, dtype=torch.bool, device=ids.device).index_copy(
         0, flat, shared[placed]
     )
