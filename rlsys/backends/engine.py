@@ -283,6 +283,11 @@ class BackendEngine(ABC):
             batch.input_ids, batch.attention_mask, batch.loss_mask, self.share_prompts
         )
 
+    def _share_until(self, first: int) -> int | None:
+        """The last column a packed micro-batch's rows may share (``learner.share_prompts``):
+        ``first``, its first scored column (the prompts' last token); None: share nothing."""
+        return first if self.share_prompts and first > 0 else None
+
     def _token_logprobs(
         self, t: dict[str, torch.Tensor], entropy: bool = False, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -300,7 +305,7 @@ class BackendEngine(ABC):
                 entropy,
                 entropy_grad,
                 self.logits_chunk,
-                self.share_prompts,
+                self._share_until(first),
             )
         return token_logprobs(
             self.model,
@@ -318,8 +323,7 @@ class BackendEngine(ABC):
         """The critic's (B, T-1) values of the micro-batch ``t``, packed when it has
         ``packed_row``."""
         if "packed_row" in t:
-            first = first_scored(t["loss_mask"])
-            share_until = first if self.share_prompts and first > 0 else None
+            share_until = self._share_until(first_scored(t["loss_mask"]))
             return packed_token_values(
                 self.model, t["input_ids"], t["attention_mask"], t["packed_row"], share_until
             )

@@ -89,12 +89,14 @@ class PackInputs:
                 out.extend(mine[:, None])
                 continue
             limit = max(cap, 4 * head)
-            chunk: list[int] = []
+            chunk, size = [], head  # a chunk's tokens: the prompt once, then each reply
             for row in mine.tolist():
-                if chunk and self.size(np.array([*chunk, row])) > limit:
+                reply = int(self.lengths[row]) - head
+                if chunk and size + reply > limit:
                     out.append(np.array(chunk))
-                    chunk = []
+                    chunk, size = [], head
                 chunk.append(row)
+                size += reply
             out.append(np.array(chunk))
         return out
 

@@ -166,13 +166,11 @@ def packed_token_logprobs(
     entropy: bool = False,
     entropy_grad: bool = False,
     slice_tokens: int | None = None,
-    share_prompts: bool = False,
+    share_until: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``token_logprobs`` computed on packed rows (``packed_row``: each row's packed row),
     returned in its (B, T-1) layout (see the module docstring for the positions held 0).
-    ``share_prompts``: rows of a packed row that agree up to column ``first`` (the last one
-    no row is trained on) hold those tokens once (``pack_rows``' ``share_until``)."""
-    share_until = first if share_prompts and first > 0 else None
+    ``share_until``: as ``pack_rows``' (rows agreeing up to that column share those tokens)."""
     packed = pack_rows(input_ids, attention_mask, packed_row, share_until)
     rows, columns = _scored(packed, first)
     targets = input_ids[rows, columns + 1][:, None]

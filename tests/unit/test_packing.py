@@ -199,7 +199,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_unpacked(model):
     want = _grads(model, *plain, loss)
     packed_row = torch.tensor([0, 1, 0, 1, 1, 0])  # A's rows split over two packed rows
     got_lp = packed_token_logprobs(
-        model, ids, mask, packed_row, 0.8, first, True, True, 5, share_prompts=True
+        model, ids, mask, packed_row, 0.8, first, True, True, 5, share_until=first
     )
     got = _grads(model, *got_lp, loss)
     scored = loss > 0

@@ -43,8 +43,6 @@ class Roofline:
         # forward counts a shared prompt once, as it computes it
         self.share_prompts = share_prompts
         self._learner = 0.0  # the learner's forward FLOPs for the batch
-        self._lengths: list[int] = []  # (B,) real tokens per row of the step's batch
-        self._responses = 0  # response tokens: where the LM head is needed
         self._generation = 0.0  # the engines' forward FLOPs for the batch (prompts once)
 
     @classmethod
@@ -64,38 +62,29 @@ class Roofline:
         )
 
     def observe(self, batch: TrainBatch) -> None:
-        """The step's learner batch."""
+        """The step's learner batch: the engines' and the learner's forward FLOPs over it."""
         mask = np.asarray(batch.attention_mask)
-        trained = np.asarray(batch.loss_mask) > 0
-        self._lengths = [int(n) for n in mask.sum(1)]
-        self._responses = int(trained.sum())
-        # a row's prompt: its real tokens up to its first trained target's position (a row
-        # with none trained counts whole); rows of a group repeat one prompt
-        ends = np.where(trained.any(1), trained.argmax(1) + 1, mask.shape[1])
-        prompts: dict[bytes, int] = {}
-        rows = []
-        for row, end in enumerate(ends):
-            real = np.asarray(batch.input_ids)[row, :end][mask[row, :end] > 0]
-            prompts[real.tobytes()] = len(real)
-            rows.append((len(real), self._lengths[row]))
-        self._generation = generation_flops(self.shape, prompts.values(), rows, self._responses)
-        self._learner = forward_flops(self.shape, self._lengths, self._responses)
-        if self.share_prompts:  # the units the learner's plan packs (a shared prompt once)
-            pack = PackInputs.of(batch.input_ids, mask, batch.loss_mask, share_prompts=True)
-            self._learner = 0.0
-            for unit in pack.units(np.arange(len(mask)), 1, mask.shape[1]):
-                heads = 2.0 * self.shape.head_params * int(trained[unit].sum())
-                tokens = [(int(pack.prompt_lengths[r]), self._lengths[r]) for r in unit]
-                if len(unit) > 1:
-                    self._learner += generation_flops(self.shape, [tokens[0][0]], tokens, 0)
-                else:
-                    self._learner += forward_flops(self.shape, [tokens[0][1]], 0)
-                self._learner += heads
+        rows, lengths = np.arange(len(mask)), mask.sum(1)
+        heads = 2.0 * self.shape.head_params * int((np.asarray(batch.loss_mask) > 0).sum())
+        pack = PackInputs.of(batch.input_ids, mask, batch.loss_mask, share_prompts=True)
+        if pack.prompts is None:  # nothing trained: no prompt to tell from a reply
+            self._generation = self._learner = forward_flops(self.shape, lengths, 0) + heads
+            return
+
+        def once(unit: np.ndarray) -> float:  # the unit's rows share one prompt, computed once
+            prompt = int(pack.prompt_lengths[unit[0]])
+            return generation_flops(self.shape, [prompt], [(prompt, lengths[r]) for r in unit], 0)
+
+        # the engines prefill each distinct prompt once; the learner as its plan packs
+        groups = [rows[pack.prompts == k] for k in np.unique(pack.prompts)]
+        self._generation = sum(once(g) for g in groups) + heads
+        units = pack.units(rows, 1, mask.shape[1]) if self.share_prompts else rows[:, None]
+        self._learner = sum(once(u) for u in units) + heads
 
     def add(self, metrics: dict[str, float]) -> dict[str, float]:
         """``metrics`` (with ``time/*`` and ``perf/step_s``) plus the step's rooflines."""
         forward, generation = self._learner, self._generation
-        self._lengths, self._responses, self._generation, self._learner = [], 0, 0.0, 0.0
+        self._generation, self._learner = 0.0, 0.0
         learner_s = metrics.get("time/train", 0.0) + metrics.get("time/learner_logprobs", 0.0)
         passes = self.train_forwards * self.train_passes * ("time/train" in metrics)
         passes += "time/learner_logprobs" in metrics  # a forward pass
