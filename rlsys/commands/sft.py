@@ -81,11 +81,14 @@ def warm_start(
         if (target / "config.json").exists():
             log.info("warm start: using cached %s", target)
             return str(target), {"cached": True, "path": str(target)}
-    log.info(
-        "warm start: SFT until held-out greedy accuracy >= %s (at most %d steps)",
-        cfg.sft.target_accuracy,
-        cfg.sft.max_steps,
-    )
+    if cfg.sft.target_accuracy is None:
+        log.info("warm start: SFT for %d steps (sft.target_accuracy=null)", cfg.sft.max_steps)
+    else:
+        log.info(
+            "warm start: SFT until held-out greedy accuracy >= %s (at most %d steps)",
+            cfg.sft.target_accuracy,
+            cfg.sft.max_steps,
+        )
     with atomic_dir(target) as tmp:  # a crash mid-SFT leaves no half-written cache entry
         info = _sft_to(cfg, base_path, tmp, tokenizer, task, None)
     log.info(

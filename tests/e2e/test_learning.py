@@ -98,3 +98,26 @@ def test_smollm2_preset_learns_in_its_first_five_minutes(tmp_path):
     )
     assert summary["eval_num_prompts"] == 200
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.15
+
+
+@pytest.mark.long
+def test_smollm2_learns_to_call_the_calculator_in_its_own_format(tmp_path):
+    """`rlsys train experiment=smollm2_tool_calling` (seed 0) cut to 10 GRPO steps: held-out
+    accuracy on 100 problems rises by at least 0.15 over the 5-step warm start, and in the last
+    steps most sampled trajectories make a well-formed SmolLM2 tool call. Measured on the 2-core
+    EPYC with avx512_bf16 (docs/environments.md): 0.35 after the warm start, 0.89 after 10
+    steps; about 16 minutes for the whole command."""
+    summary = train(
+        tmp_path,
+        "smollm2_tools",
+        "experiment=smollm2_tool_calling",
+        "trainer.total_steps=10",
+        "trainer.eval_every=0",
+        timeout=1800,
+    )
+    assert summary["eval_num_prompts"] == 100
+    assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.15
+    records = [json.loads(x) for x in (tmp_path / "smollm2_tools" / "metrics.jsonl").open()]
+    called = [r["env/called_frac"] for r in records if "env/called_frac" in r]
+    assert len(called) == 10
+    assert sum(called[-3:]) / 3 >= 0.5, called

@@ -22,7 +22,7 @@ def reward_component_metrics(samples: list[Sample]) -> dict[str, float]:
 
 def episode_metrics(samples: list[Sample]) -> dict[str, float]:
     """``env/*``: turns, tool calls and errors, truncation and the environment's reward per
-    trajectory; seconds per environment step and the share of step time that overlapped
+    trajectory, the share of trajectories with a well-formed call answered; seconds per environment step and the share of step time that overlapped
     generation (multi-turn tasks only)."""
     episodes = [s.completion.episode for s in samples if s.completion.episode is not None]
     if not episodes:
@@ -36,6 +36,7 @@ def episode_metrics(samples: list[Sample]) -> dict[str, float]:
         "env/turns": float(np.mean([e.turns for e in episodes])),
         "env/tool_calls": float(np.mean([e.tool_calls for e in episodes])),
         "env/tool_errors": float(np.mean([e.tool_errors for e in episodes])),
+        "env/called_frac": float(np.mean([e.tool_calls > 0 for e in episodes])),
         "env/truncated_frac": float(np.mean([e.truncated for e in episodes])),
         "env/reward": float(np.mean([e.reward for e in episodes])),
         "env/model_token_frac": trained / total if total else 0.0,
