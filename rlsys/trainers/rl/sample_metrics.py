@@ -22,8 +22,9 @@ def reward_component_metrics(samples: list[Sample]) -> dict[str, float]:
 
 def episode_metrics(samples: list[Sample]) -> dict[str, float]:
     """``env/*``: turns, tool calls and errors, truncation and the environment's reward per
-    trajectory, the share of trajectories with a well-formed call answered; seconds per environment step and the share of step time that overlapped
-    generation (multi-turn tasks only)."""
+    trajectory; the share of trajectories with a well-formed call answered; seconds per
+    environment step and the share of step time that overlapped generation (multi-turn tasks
+    only)."""
     episodes = [s.completion.episode for s in samples if s.completion.episode is not None]
     if not episodes:
         return {}
