@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -133,18 +135,47 @@ def tiny_vl_dir() -> str:
     return resolve_model_path(ModelConfig(path="builtin:tiny-vl"))
 
 
+@contextlib.contextmanager
+def _dashboard_agent_on_a_free_port():
+    """Start the Ray of a ``ray.init`` inside with its dashboard agent on a free port.
+
+    Every local Ray's agent listens on 52365 by default, and ``ray.init`` has no argument to
+    change it. While the session's Ray held that port, each ``rlsys train`` the suite starts in
+    a subprocess waited for its own agent to give up binding it (five retries, about 3.3 s)
+    before the raylet came up: 3-4 s of each of the suite's subprocess runs (measured
+    2026-11-29: ``ray.init`` 7.1-8.5 s beside a Ray holding the port, 3.0-5.1 s with it free)."""
+    from ray._private import parameter  # private: the port is a RayParams field only
+
+    init = parameter.RayParams.__init__
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    def init_on_free_port(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.dashboard_agent_listen_port = port
+
+    parameter.RayParams.__init__ = init_on_free_port
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__ = init
+
+
 @pytest.fixture(scope="session")
 def ray_cpu():
-    """A local Ray with 2 CPUs for the whole session."""
+    """A local Ray with 2 CPUs for the whole session (its dashboard agent off Ray's default
+    port, which the suite's subprocess runs then find free)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"TRANSFORMERS_VERBOSITY": "error"}},
-        )
+        with _dashboard_agent_on_a_free_port():
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": {"TRANSFORMERS_VERBOSITY": "error"}},
+            )
     yield ray
     ray.shutdown()
 

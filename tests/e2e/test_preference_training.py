@@ -83,6 +83,9 @@ def test_reward_model_learns_and_plugs_into_the_reward_model_worker(tmp_path):
     assert accuracy == pytest.approx(summary["eval_pairwise_accuracy"], abs=1 / 128)
 
 
+# Long tier (73 s of CI's 2026-11-29 run): CI trains `rlsys dpo` end to end in the LoRA case
+# below and checks the cDPO loss against its formula (tests/unit/test_preference.py).
+@pytest.mark.long
 def test_conservative_dpo_raises_pairwise_accuracy(tmp_path):
     summary = run(
         "dpo",
