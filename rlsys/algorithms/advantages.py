@@ -26,10 +26,12 @@ def grpo_advantages(
 
     Departures: ``normalize_std=False`` drops the std division (the Dr.GRPO fix for the
     difficulty bias); std is the unbiased sample std, as in the paper's reference code; a
-    group of one sample gets advantage 0.
+    group of one sample gets advantage 0, and so does a tied group exactly (its mean can
+    round away from the rewards, e.g. three 0.1s, which the std's eps would then amplify).
     """
     rewards = np.asarray(rewards, dtype=np.float64)
     centred = rewards - rewards.mean(axis=1, keepdims=True)
+    centred[rewards.max(axis=1) == rewards.min(axis=1)] = 0.0
     if not normalize_std:
         return centred.astype(np.float32)
     n = rewards.shape[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from rlsys.algorithms.kl import kl_estimate
@@ -106,6 +107,28 @@ class PolicyObjective:
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * out["entropy"]
         return loss, metrics
+
+
+def inert_rows(
+    objective: Objective, advantages: np.ndarray | None, loss_mask: np.ndarray
+) -> np.ndarray | None:
+    """(B,) bool: the rows whose loss and gradient under ``objective`` are exactly zero
+    whatever the model computes, or None where that cannot be said (the learner leaves them
+    out of its pass: ``learner.skip_zero_advantage``).
+
+    A policy objective's row is inert when its advantage is 0 on every trained token and the
+    loss is ``advantage_weighted`` (every term multiplied by the advantage: PPO's clip, GSPO,
+    CISPO, ...; the off-policy weights multiply it too), with no KL term and no entropy
+    bonus, which move every token. A group of tied rewards is such rows under GRPO-family
+    estimators. Every other objective (critic, SFT, preference) has none.
+    """
+    if not isinstance(objective, PolicyObjective) or advantages is None:
+        return None
+    if objective.kl_coef > 0 or objective.entropy_coef > 0:
+        return None
+    if not POLICY_LOSSES.trait(objective.policy_loss, "advantage_weighted"):
+        return None
+    return ~((advantages != 0) & (loss_mask > 0)).any(-1)
 
 
 @dataclass(frozen=True)

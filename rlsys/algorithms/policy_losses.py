@@ -212,7 +212,9 @@ def _check_cov_ratio(ratio: float) -> None:
 # ---- the losses ----------------------------------------------------------------------------
 
 
-@POLICY_LOSSES.register("ppo_clip", settings=ClipSettings, ratio=True, dual_clip=True)
+@POLICY_LOSSES.register(
+    "ppo_clip", settings=ClipSettings, ratio=True, dual_clip=True, advantage_weighted=True
+)
 def ppo_clip(x: PolicyLossInputs, s: ClipSettings) -> tuple[torch.Tensor, Metrics]:
     return ppo_clip_loss(
         x.logprobs, x.old_logprobs, x.advantages, s.clip_low, s.clip_high, s.dual_clip
@@ -229,20 +231,20 @@ def _sequence_clip(loss: Callable) -> PolicyLoss:
     return apply
 
 
-gspo = POLICY_LOSSES.register("gspo", settings=SequenceClipSettings, ratio=True)(
-    _sequence_clip(gspo_loss)
-)
-gmpo = POLICY_LOSSES.register("gmpo", settings=SequenceClipSettings, ratio=True)(
-    _sequence_clip(gmpo_loss)
-)
+gspo = POLICY_LOSSES.register(
+    "gspo", settings=SequenceClipSettings, ratio=True, advantage_weighted=True
+)(_sequence_clip(gspo_loss))
+gmpo = POLICY_LOSSES.register(
+    "gmpo", settings=SequenceClipSettings, ratio=True, advantage_weighted=True
+)(_sequence_clip(gmpo_loss))
 
 
-@POLICY_LOSSES.register("cispo", settings=ClipSettings, ratio=True)
+@POLICY_LOSSES.register("cispo", settings=ClipSettings, ratio=True, advantage_weighted=True)
 def cispo(x: PolicyLossInputs, s: ClipSettings) -> tuple[torch.Tensor, Metrics]:
     return cispo_loss(x.logprobs, x.old_logprobs, x.advantages, s.clip_low, s.clip_high)
 
 
-@POLICY_LOSSES.register("sapo", settings=SapoSettings, ratio=True)
+@POLICY_LOSSES.register("sapo", settings=SapoSettings, ratio=True, advantage_weighted=True)
 def sapo(x: PolicyLossInputs, s: SapoSettings) -> tuple[torch.Tensor, Metrics]:
     return sapo_loss(x.logprobs, x.old_logprobs, x.advantages, s.tau_pos, s.tau_neg)
 
@@ -268,18 +270,18 @@ def kl_cov(x: PolicyLossInputs, s: KLCovSettings) -> tuple[torch.Tensor, Metrics
     return kl_cov_loss(x.logprobs, x.old_logprobs, x.advantages, x.mask, s.cov_ratio, s.coef)
 
 
-@POLICY_LOSSES.register("vanilla")
+@POLICY_LOSSES.register("vanilla", advantage_weighted=True)
 def vanilla(x: PolicyLossInputs, s: NoSettings) -> tuple[torch.Tensor, Metrics]:
     return policy_gradient_loss(x.logprobs, x.advantages)
 
 
-@POLICY_LOSSES.register("dppo_tv", settings=DppoTVSettings, ratio=True)
+@POLICY_LOSSES.register("dppo_tv", settings=DppoTVSettings, ratio=True, advantage_weighted=True)
 def dppo_tv(x: PolicyLossInputs, s: DppoTVSettings) -> tuple[torch.Tensor, Metrics]:
     args = (s.delta_low, s.delta_high, s.ratio_cap)
     return dppo_tv_loss(x.logprobs, x.old_logprobs, x.advantages, *args)
 
 
-@POLICY_LOSSES.register("dppo_kl", settings=DppoKLSettings, ratio=True)
+@POLICY_LOSSES.register("dppo_kl", settings=DppoKLSettings, ratio=True, advantage_weighted=True)
 def dppo_kl(x: PolicyLossInputs, s: DppoKLSettings) -> tuple[torch.Tensor, Metrics]:
     args = (s.delta_low, s.delta_high, s.ratio_cap)
     return dppo_kl_loss(x.logprobs, x.old_logprobs, x.advantages, *args)

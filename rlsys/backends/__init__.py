@@ -84,5 +84,6 @@ def build_backend(
         logits_chunk_tokens=cfg.logits_chunk_tokens,
         packing=cfg.packing,
         share_prompts=cfg.share_prompts,
+        skip_zero_advantage=cfg.skip_zero_advantage,
         **extra,
     )

@@ -76,6 +76,7 @@ def train_plan(
     seed: int,
     group: int = 1,
     pack: PackInputs | None = None,
+    skip: np.ndarray | None = None,
 ) -> list[MiniBatchPlan]:
     """Shuffle rows, cut them into mini-batches, and give each rank its share of each.
 
@@ -89,6 +90,13 @@ def train_plan(
     ``max(1, micro // group)`` packed rows of ``group`` x the batch's padded length tokens (or
     fewer longer ones holding a prompt's rows: ``PackInputs``), and the plans carry
     ``packed_rows``.
+
+    ``skip`` ((B,) bool, ``objective.inert_rows``): rows whose loss and gradient are zero
+    whatever the model computes are left out of the micro-batches (a group when all its rows
+    are), after the shuffle and the cut into mini-batches and while still counted in the
+    mini-batch's ``global_tokens`` and ``global_seqs``: every loss weight, and so the
+    gradient, is the one without the skip. A mini-batch left with no rows still takes its
+    optimizer step (empty micro-batches: AdamW's step on a zero gradient is not nothing).
     """
     rows = loss_mask.shape[0]
     if rows % group:
@@ -101,6 +109,8 @@ def train_plan(
         if tokens == 0:  # nothing to learn: no optimizer step (the same on every rank)
             continue
         seqs = float((loss_mask[mini_rows].sum(-1) > 0).sum())
+        if skip is not None:
+            mini = mini[~skip.reshape(-1, group).all(-1)[mini]]
         rank_groups = np.array_split(np.sort(mini), world_size)
         per_micro = max(1, micro // group)
         if pack is None:

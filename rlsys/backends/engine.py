@@ -89,6 +89,7 @@ class BackendEngine(ABC):
         logits_chunk_tokens: int | None = None,
         packing: bool = False,
         share_prompts: bool = False,
+        skip_zero_advantage: bool = False,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"backend role {role!r} is not one of {list(ROLES)}")
@@ -103,6 +104,8 @@ class BackendEngine(ABC):
         self.packing = packing  # micro-batches of packed sequences (rlsys/models/packing.py)
         # packed policy passes hold a prompt once for its samples (learner.share_prompts)
         self.share_prompts = packing and share_prompts and self.model_role.shares_prompts
+        # train steps leave out rows whose loss and gradient are zero (objectives.inert_rows)
+        self.skip_zero_advantage = skip_zero_advantage
         self.temperature = temperature
         self.device = device
         self.mixed_precision = mixed_precision

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from rlsys.algorithms.losses import loss_weights
-from rlsys.algorithms.objectives import Objective
+from rlsys.algorithms.objectives import Objective, inert_rows
 from rlsys.backends.data_parallel import train_plan
 from rlsys.backends.engine import BackendEngine
 from rlsys.backends.schedule import lr_at
@@ -52,7 +52,10 @@ class TrainSteps(BackendEngine):
         seed: int,
     ) -> dict[str, float]:
         """Epochs x mini-batches optimizer steps; returns metrics averaged over all ranks,
-        with ``skipped_steps``: optimizer steps left out for a non-finite grad norm."""
+        with ``skipped_steps``: optimizer steps left out for a non-finite grad norm, and with
+        ``learner.skip_zero_advantage`` on and an objective that has them, ``skipped_rows_frac``:
+        the share of rows left out of the pass as inert (``objectives.inert_rows``; the
+        token metrics then average over the rows trained, and are absent when none was)."""
         if not self.trainable:
             raise RuntimeError("an inference-only backend (trainable=False) has no optimizer")
         self.model.train()
@@ -60,6 +63,10 @@ class TrainSteps(BackendEngine):
         tokens = 0.0
         grad_norms = []
         skipped = 0
+        covered = 0.0  # the plans' loss tokens, skipped rows' too
+        inert = None
+        if self.skip_zero_advantage:
+            inert = inert_rows(objective, batch.advantages, batch.loss_mask)
         for epoch in range(epochs):
             plans = train_plan(
                 batch.loss_mask,
@@ -70,8 +77,10 @@ class TrainSteps(BackendEngine):
                 seed + epoch,
                 objective.rows_per_group,
                 self._pack_inputs(batch),
+                inert,
             )
             for plan in plans:
+                covered += plan.global_tokens
                 self._zero_grad()
                 for i, rows in enumerate(plan.micro_batches):
                     packed = None if plan.packed_rows is None else plan.packed_rows[i]
@@ -111,7 +120,10 @@ class TrainSteps(BackendEngine):
                     skipped += 1
                     log.warning("non-finite grad norm %s: optimizer step skipped", norm)
         out = self._reduce(sums, tokens, grad_norms)
+        out["trained_tokens"] = covered  # the same on every rank: plans are global
         out["skipped_steps"] = float(skipped)  # the same on every rank: the norm is global
+        if inert is not None:  # rows left out of the pass (the same on every rank)
+            out["skipped_rows_frac"] = float(inert.mean()) if len(inert) else 0.0
         return out
 
     def _reduce(self, sums: dict[str, float], tokens: float, grad_norms: list[float]):
@@ -121,11 +133,11 @@ class TrainSteps(BackendEngine):
         packed = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(packed)
         packed = packed.cpu()
-        total = max(float(packed[-1]), 1.0)
-        out = {name: float(packed[i]) / total for i, name in enumerate(names)}
+        total = float(packed[-1])
+        # no token computed (every row skipped as inert): no per-token figure, rather than 0s
+        out = {name: float(packed[i]) / total for i, name in enumerate(names)} if total else {}
         if "clipped" in out:
             out["clip_frac"] = out.pop("clipped")
         out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
         out["lr"] = self.last_lr
-        out["trained_tokens"] = float(packed[-1])
         return out

@@ -107,6 +107,15 @@ class LearnerConfig:
     # Exact, like packing; a prompt's rows go into one packed row (longer than the padded
     # length where needed, at most 4x the prompt), and the micro-batch holds fewer rows.
     share_prompts: bool = True
+    # Leave out of the train step the rows whose loss and gradient are exactly zero: a row
+    # whose advantage is 0 on every token (a group of tied rewards under GRPO-family
+    # estimators) under a policy loss that multiplies every term by the advantage (PPO's
+    # clip, GSPO, CISPO, ...; not dro, clip_cov, kl_cov), with no KL loss and no entropy
+    # bonus. They still count in the loss's normaliser, so the gradient and the update are
+    # those of the whole batch, up to float rounding; a late GRPO run with most groups tied
+    # trains a fraction of its rows. train/skipped_rows_frac says how many; the token
+    # metrics (train/entropy, train/loss, ...) then average over the rows trained.
+    skip_zero_advantage: bool = True
     # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
     # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
     # gathered and run in bf16); one fsdp2 rank and deepspeed: forward passes under

@@ -25,11 +25,17 @@ def free_port() -> int:
 
 
 def toy_batch(
-    model_dir: str, seed: int = 0, rows: int = 11, mixed: bool = False, grouped: bool = False
+    model_dir: str,
+    seed: int = 0,
+    rows: int = 11,
+    mixed: bool = False,
+    grouped: bool = False,
+    inert: int = 0,
 ):
     """``rows`` arithmetic prompts with random responses, advantages and returns; ``mixed``:
     responses of 1 to 12 digits, so that rows pack 2-3 a packed row (learner.packing);
-    ``grouped``: groups of 4 rows share a prompt (learner.share_prompts)."""
+    ``grouped``: groups of 4 rows share a prompt (learner.share_prompts); ``inert``: the
+    first ``inert`` rows' advantages are 0 (tied groups: learner.skip_zero_advantage)."""
     from rlsys.models.loading import load_tokenizer
 
     tok = load_tokenizer(model_dir)
@@ -56,6 +62,7 @@ def toy_batch(
     batch.advantages = (
         rng.standard_normal(len(prompts)).astype(np.float32)[:, None] * batch.loss_mask
     )
+    batch.advantages[:inert] = 0.0
     batch.values = np.zeros_like(batch.loss_mask)
     batch.returns = batch.advantages.copy()
     return batch

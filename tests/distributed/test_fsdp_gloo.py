@@ -27,7 +27,9 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu", compi
 
     out = {}
     for case in cases:
-        batch = toy_batch(model_dir, mixed=case in MIXED, grouped=case in GROUPED)
+        batch = toy_batch(
+            model_dir, mixed=case in MIXED, grouped=case in GROUPED, inert=8 * (case in INERT)
+        )
         objective, role = OBJECTIVES[case]
         backend = FSDP2Backend(
             model_dir,
@@ -43,6 +45,7 @@ def _train(rank, world_size, model_dir, cases, bucket_bytes, device="cpu", compi
             else None,
             packing=case in PACKED,
             share_prompts=case in GROUPED,
+            skip_zero_advantage=case in SKIPPED,
         )
         forward = backend.forward_logprobs if role == "policy" else backend.forward_values
         rows, logprobs = forward(batch)
@@ -121,15 +124,22 @@ OBJECTIVES = {
     # learner.share_prompts: packed with each group's prompt once, on rows in groups of 4
     "ppo_shared": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
     "ppo_grouped": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
+    # learner.skip_zero_advantage on 2 ranks against every row trained on one, 8 of 11 rows
+    # inert: a rank may hold none of a mini-batch's trained rows
+    "ppo_skip": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
+    "ppo_inert": (PolicyObjective(loss_settings=ClipSettings(dual_clip=3.0)), "policy"),
 }
 SINGLE_STEP = ("ppo_pass", "ppo_fused")
 # case: its unpacked twin
 PACKED = {"ppo_packed": "ppo_mixed", "critic_packed": "critic_mixed", "ppo_shared": "ppo_grouped"}
+SKIPPED = {"ppo_skip": "ppo_inert"}  # case: its twin training every row
+INERT = ("ppo_skip", "ppo_inert")  # on toy_batch(inert=8)
 MIXED = ("ppo_packed", "ppo_mixed", "critic_packed", "critic_mixed")  # on toy_batch(mixed=True)
 GROUPED = ("ppo_shared", "ppo_grouped")  # on toy_batch(grouped=True), shared if packed
-ONE_RANK_ONLY = ("ppo_pass", "ppo_bf16", *PACKED.values())
-# compiling costs ~20 s a process: once, sharded; packing is checked against one rank
-TWO_RANKS_ONLY = ("ppo_compiled", *PACKED)
+ONE_RANK_ONLY = ("ppo_pass", "ppo_bf16", *PACKED.values(), *SKIPPED.values())
+# compiling costs ~20 s a process: once, sharded; packing and skipping are checked against
+# one rank
+TWO_RANKS_ONLY = ("ppo_compiled", *PACKED, *SKIPPED)
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +180,18 @@ def test_two_ranks_train_exactly_like_one(tiny_model_dir, trained, case):
     before = loader(tiny_model_dir).state_dict()
     moved = [n for n, t in one["state"].items() if not torch.equal(t, before[n])]
     assert len(moved) == len(one["state"])  # every parameter was trained
+
+
+def test_two_ranks_skipping_inert_rows_train_like_one_training_all(trained):
+    """learner.skip_zero_advantage on 2 ranks, 8 of 11 rows inert: the loss's normaliser
+    (trained_tokens), grad norm and update of one rank computing every row."""
+    one, two = trained[0][0]["ppo_inert"], trained[1][0]["ppo_skip"]
+    assert two["metrics"]["skipped_rows_frac"] == pytest.approx(8 / 11)
+    assert "skipped_rows_frac" not in one["metrics"]
+    assert one["metrics"]["trained_tokens"] == two["metrics"]["trained_tokens"]
+    assert one["metrics"]["grad_norm"] == pytest.approx(two["metrics"]["grad_norm"], rel=1e-4)
+    for name, tensor in one["state"].items():
+        torch.testing.assert_close(two["state"][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("case", list(PACKED))

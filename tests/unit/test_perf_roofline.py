@@ -101,6 +101,12 @@ def test_controller_roofline_metrics():
     assert out["perf/floor_s"] == pytest.approx(floor)
     assert out["perf/step_over_floor"] == pytest.approx(10.0 / floor)
     assert "perf/mfu_published" not in out  # a CPU has no data-sheet peak here
+    # learner.skip_zero_advantage left row 1 out: the training passes count row 0 only, the
+    # log-probability forward both
+    roofline.observe(batch, skip=np.array([False, True]))
+    out = roofline.add(metrics)
+    skipped = 2 * 3 * forward_flops(shape, [3], 2) + forward
+    assert out["perf/learner_tflops"] == pytest.approx(skipped / 1.0 / 1e12)
     # two samples of one prompt (a group): the generation floor prefills it once
     roofline = Roofline(shape, PEAK, decode_bytes_per_step=0, train_passes=1, reference=False)
     ids = np.array([[0, 7, 8, 9, 10], [0, 7, 8, 11, 0]])

@@ -294,8 +294,6 @@ class Controller:
         batch = samples_to_batch([s for g in kept for s in g.samples], self.pad_id)
         metrics["train/overlong_filtered"] = self.recipe.filter_overlong(batch, kept)
         metrics["perf/padding_frac"] = learner_padding(batch, self.cfg.learner)
-        if self.roofline:
-            self.roofline.observe(batch)
         with self.handover.engines_asleep(timer, metrics):
             if self.updates.needs_old_logprobs(batch):
                 with timer("learner_logprobs"):
@@ -308,6 +306,8 @@ class Controller:
             structure = group_structure(kept, self.cfg.algorithm.advantage)
             adv = self.recipe.advantages(batch, token_kl, **structure)
             batch.advantages, batch.returns = adv.advantages, adv.returns
+            if self.roofline:
+                self.roofline.observe(batch, self.updates.skipped_rows(batch))
             update, moved = self.updates.update(step, batch, token_kl, timer)
         metrics.update(update)
         return moved

@@ -43,6 +43,7 @@ class Roofline:
         # forward counts a shared prompt once, as it computes it
         self.share_prompts = share_prompts
         self._learner = 0.0  # the learner's forward FLOPs for the batch
+        self._trained = 0.0  # the same for the rows the train step computes (not skipped)
         self._generation = 0.0  # the engines' forward FLOPs for the batch (prompts once)
 
     @classmethod
@@ -61,14 +62,17 @@ class Roofline:
             share_prompts=cfg.learner.packing and cfg.learner.share_prompts,
         )
 
-    def observe(self, batch: TrainBatch) -> None:
-        """The step's learner batch: the engines' and the learner's forward FLOPs over it."""
+    def observe(self, batch: TrainBatch, skip: np.ndarray | None = None) -> None:
+        """The step's learner batch: the engines' and the learner's forward FLOPs over it;
+        ``skip``: the rows its train step leaves out (``learner.skip_zero_advantage``)."""
         mask = np.asarray(batch.attention_mask)
         rows, lengths = np.arange(len(mask)), mask.sum(1)
-        heads = 2.0 * self.shape.head_params * int((np.asarray(batch.loss_mask) > 0).sum())
+        scored = (np.asarray(batch.loss_mask) > 0).sum(1)
+        heads = 2.0 * self.shape.head_params * int(scored.sum())
         pack = PackInputs.of(batch.input_ids, mask, batch.loss_mask, share_prompts=True)
         if pack.prompts is None:  # nothing trained: no prompt to tell from a reply
             self._generation = self._learner = forward_flops(self.shape, lengths, 0) + heads
+            self._trained = self._learner
             return
 
         def once(unit: np.ndarray) -> float:  # the unit's rows share one prompt, computed once
@@ -78,18 +82,24 @@ class Roofline:
         # the engines prefill each distinct prompt once; the learner as its plan packs
         groups = [rows[pack.prompts == k] for k in np.unique(pack.prompts)]
         self._generation = sum(once(g) for g in groups) + heads
-        units = pack.units(rows, 1, mask.shape[1]) if self.share_prompts else rows[:, None]
-        self._learner = sum(once(u) for u in units) + heads
+
+        def learner(kept: np.ndarray) -> float:  # as the learner's plan packs the rows
+            units = pack.units(kept, 1, mask.shape[1]) if self.share_prompts else kept[:, None]
+            head = 2.0 * self.shape.head_params * int(scored[kept].sum())
+            return sum(once(u) for u in units) + head
+
+        self._learner = learner(rows)
+        self._trained = self._learner if skip is None else learner(rows[~skip])
 
     def add(self, metrics: dict[str, float]) -> dict[str, float]:
         """``metrics`` (with ``time/*`` and ``perf/step_s``) plus the step's rooflines."""
-        forward, generation = self._learner, self._generation
-        self._generation, self._learner = 0.0, 0.0
+        forward, trained, generation = self._learner, self._trained, self._generation
+        self._generation, self._learner, self._trained = 0.0, 0.0, 0.0
         learner_s = metrics.get("time/train", 0.0) + metrics.get("time/learner_logprobs", 0.0)
         passes = self.train_forwards * self.train_passes * ("time/train" in metrics)
-        passes += "time/learner_logprobs" in metrics  # a forward pass
+        logprobs = "time/learner_logprobs" in metrics  # a forward pass over every row
         work = StepWork(
-            learner_flops=passes * forward,
+            learner_flops=passes * trained + logprobs * forward,
             reference_flops=forward if self.reference else 0.0,
             generation_flops=generation,  # the kept samples, each distinct prompt once
             decode_bytes=self.decode_bytes_per_step * metrics.get("rollout/decode_steps", 0),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlsys.algorithms.objectives import ValueObjective, needs_old_logprobs
+from rlsys.algorithms.objectives import ValueObjective, inert_rows, needs_old_logprobs
 from rlsys.algorithms.recipe import Recipe
 from rlsys.checkpoint.store import CheckpointStore
 from rlsys.config.schema import TrainConfig
@@ -52,6 +52,13 @@ class LearnerUpdates:
             self.cfg.algorithm.off_policy,
             batch.ref_logprobs is not None,
         )
+
+    def skipped_rows(self, batch: TrainBatch) -> np.ndarray | None:
+        """The rows of ``batch`` (with advantages) the policy's train step leaves out
+        (``learner.skip_zero_advantage``), as the learner decides them; None: none."""
+        if not self.cfg.learner.skip_zero_advantage:
+            return None
+        return inert_rows(self.recipe.policy_objective(), batch.advantages, batch.loss_mask)
 
     def update(
         self, step: int, batch: TrainBatch, token_kl: np.ndarray | None, timer: StageTimer
