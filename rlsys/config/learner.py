@@ -112,9 +112,10 @@ class LearnerConfig:
     # estimators) under a policy loss that multiplies every term by the advantage (PPO's
     # clip, GSPO, CISPO, ...; not dro, clip_cov, kl_cov), with no KL loss and no entropy
     # bonus. They still count in the loss's normaliser, so the gradient and the update are
-    # those of the whole batch, up to float rounding; a late GRPO run with most groups tied
-    # trains a fraction of its rows. train/skipped_rows_frac says how many; the token
-    # metrics (train/entropy, train/loss, ...) then average over the rows trained.
+    # those of the whole batch, up to float rounding; a late GRPO run that keeps its tied
+    # groups (algorithm.filter_uniform_groups=false) trains a fraction of its rows.
+    # train/skipped_rows_frac says how many; the token metrics (train/entropy, train/loss,
+    # ...) then average over the rows trained.
     skip_zero_advantage: bool = True
     # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
     # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
