@@ -126,6 +126,18 @@ def tiny_model_dir() -> str:
     return resolve_model_path(ModelConfig())
 
 
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-process gloo group, for a learner backend built in the test's own process."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def tiny_vl_dir() -> str:
     """The built-in tiny vision-language model (a Qwen2-VL; built once into the rlsys cache)."""

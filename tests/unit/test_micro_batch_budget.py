@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.policy_losses import ClipSettings
@@ -53,15 +52,6 @@ def test_reference_and_reward_model_groups_get_a_budget():
     assert reward.micro_batch_size == 8 and reward.max_tokens_per_micro_batch == 8 * 300
     with pytest.raises(ValueError, match="learner.max_tokens_per_micro_batch"):
         load_config(["learner.max_tokens_per_micro_batch=0"])
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 def _batch(model_dir: str, rows: int = 11):

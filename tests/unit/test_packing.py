@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlsys.algorithms.objectives import PolicyObjective
 from rlsys.algorithms.policy_losses import ClipSettings
@@ -221,15 +220,6 @@ def test_packed_critic_values_equal_unpacked(tiny_model_dir):
     packed_row = torch.tensor([0, 0, 1, 1, 1, 0])
     got = packed_token_values(critic, ids, mask, packed_row, share_until=first_scored(loss))
     torch.testing.assert_close(got[loss > 0], want[loss > 0], atol=1e-5, rtol=1e-6)
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 def _recorded(backend) -> tuple[list, list]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlsys.algorithms.advantages import grpo_advantages
 from rlsys.algorithms.objectives import PolicyObjective, SFTObjective, ValueObjective, inert_rows
@@ -96,15 +95,6 @@ def test_plans_leave_inert_rows_out_but_count_their_tokens():
     assert [len(p.micro_batches[0]) for p in cut[0]] == [0, 0]
     assert rows(cut)[1] == rows(plain)[1] - {min(rows(plain)[1])}
     assert [sum(map(len, p.micro_batches)) for p in cut[1]] == [2, 1]
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("packing", [False, True])
