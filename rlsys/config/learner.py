@@ -115,8 +115,10 @@ class LearnerConfig:
     # those of the whole batch, up to float rounding; a late GRPO run that keeps its tied
     # groups (algorithm.filter_uniform_groups=false) trains a fraction of its rows.
     # train/skipped_rows_frac says how many; the token metrics (train/entropy, train/loss,
-    # ...) then average over the rows trained.
-    skip_zero_advantage: bool = True
+    # ...) then average over the rows trained, and are absent from a step whose rows were all
+    # skipped. Off by default: where the buffer drops tied groups (the grpo preset's
+    # algorithm.filter_uniform_groups=true) there is nothing to skip.
+    skip_zero_advantage: bool = False
     # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
     # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers
     # gathered and run in bf16); one fsdp2 rank and deepspeed: forward passes under
