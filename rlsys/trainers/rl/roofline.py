@@ -68,7 +68,11 @@ class Roofline:
         mask = np.asarray(batch.attention_mask)
         rows, lengths = np.arange(len(mask)), mask.sum(1)
         scored = (np.asarray(batch.loss_mask) > 0).sum(1)
-        heads = 2.0 * self.shape.head_params * int(scored.sum())
+
+        def head(kept: np.ndarray) -> float:  # the LM head on the kept rows' scored tokens
+            return 2.0 * self.shape.head_params * int(scored[kept].sum())
+
+        heads = head(rows)
         pack = PackInputs.of(batch.input_ids, mask, batch.loss_mask, share_prompts=True)
         if pack.prompts is None:  # nothing trained: no prompt to tell from a reply
             self._generation = self._learner = forward_flops(self.shape, lengths, 0) + heads
@@ -85,8 +89,7 @@ class Roofline:
 
         def learner(kept: np.ndarray) -> float:  # as the learner's plan packs the rows
             units = pack.units(kept, 1, mask.shape[1]) if self.share_prompts else kept[:, None]
-            head = 2.0 * self.shape.head_params * int(scored[kept].sum())
-            return sum(once(u) for u in units) + head
+            return sum(once(u) for u in units) + head(kept)
 
         self._learner = learner(rows)
         self._trained = self._learner if skip is None else learner(rows[~skip])
