@@ -117,7 +117,8 @@ class LearnerConfig:
     # train/skipped_rows_frac says how many; the token metrics (train/entropy, train/loss,
     # ...) then average over the rows trained, and are absent from a step whose rows were all
     # skipped. Off by default: where the buffer drops tied groups (the grpo preset's
-    # algorithm.filter_uniform_groups=true) there is nothing to skip.
+    # algorithm.filter_uniform_groups=true) there is nothing to skip. Refused where no row can
+    # be skipped (another loss, an entropy bonus, a KL loss term; the critic).
     skip_zero_advantage: bool = False
     # Compute in this dtype ("bfloat16"), the weights, gradients and AdamW state in model.dtype
     # (fp32 master weights). A sharded fsdp2 model: FSDP2's MixedPrecisionPolicy (layers

@@ -39,6 +39,7 @@ def check_names(cfg: TrainConfig) -> None:
     BACKENDS.check(cfg.learner.backend, key="learner.backend")
     BACKENDS.check(cfg.critic.backend, key="critic.backend")
     check_algorithm_names(cfg.algorithm)
+    check_skip_zero_advantage(cfg)
     if cfg.reference.backend is not None:
         BACKENDS.check(cfg.reference.backend, key="reference.backend")
     TRANSPORTS.check(cfg.weight_sync.transport)
@@ -84,6 +85,33 @@ def check_algorithm_names(algo: AlgorithmConfig) -> None:
             f"algorithm.dual_clip applies to algorithm.policy_loss="
             f"{' or '.join(POLICY_LOSSES.names(dual_clip=True))}, not {algo.policy_loss}; "
             "set algorithm.dual_clip=null"
+        )
+
+
+def check_skip_zero_advantage(cfg: TrainConfig) -> None:
+    """``learner.skip_zero_advantage`` only where a row can be inert (``inert_rows``): an
+    ``advantage_weighted`` policy loss with no KL loss term and no entropy bonus; never the
+    critic's value loss."""
+    if cfg.critic.skip_zero_advantage:
+        raise ConfigError(
+            "critic.skip_zero_advantage=true: the critic's value loss has no advantages, so no "
+            "row is ever skipped; set critic.skip_zero_advantage=false"
+        )
+    if not cfg.learner.skip_zero_advantage:
+        return
+    algo = cfg.algorithm
+    why = None
+    if not POLICY_LOSSES.trait(algo.policy_loss, "advantage_weighted"):
+        why = f"algorithm.policy_loss={algo.policy_loss} moves rows of advantage 0"
+    elif algo.entropy_coef > 0:
+        why = f"algorithm.entropy_coef={algo.entropy_coef} moves every row"
+    elif algo.kl_penalty == "loss" and algo.kl_coef > 0:
+        why = f"algorithm.kl_coef={algo.kl_coef} (a KL loss term) moves every row"
+    if why:
+        raise ConfigError(
+            f"learner.skip_zero_advantage=true skips nothing here: {why}; set "
+            "learner.skip_zero_advantage=false, or use a loss of "
+            f"{POLICY_LOSSES.names(advantage_weighted=True)} without those terms"
         )
 
 

@@ -17,6 +17,7 @@ from rlsys.backends.data_parallel import train_plan
 from rlsys.config.learner import LearnerConfig, OptimConfig
 from rlsys.data.collate import pack
 from rlsys.models.loading import load_tokenizer
+from rlsys.resolve import load_config
 
 
 def _zero_advantage_grad(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,3 +159,16 @@ def test_a_step_skipping_inert_rows_updates_like_one_training_every_row(
             torch.testing.assert_close(got[name], grad, atol=1e-6, rtol=0, msg=name)
     for name, value in weights.items():
         torch.testing.assert_close(weights2[name], value, atol=1e-5, rtol=0, msg=name)
+
+
+def test_the_setting_is_refused_where_no_row_can_be_skipped():
+    load_config(["learner.skip_zero_advantage=true"])  # GRPO's ppo_clip: fine
+    for overrides, key in (
+        (["algorithm.policy_loss=dro"], "algorithm.policy_loss=dro"),
+        (["algorithm.entropy_coef=0.01"], "algorithm.entropy_coef"),
+        (["algorithm.kl_coef=0.1", "algorithm.kl_penalty=loss"], "algorithm.kl_coef"),
+    ):
+        with pytest.raises(ValueError, match=key):
+            load_config(["learner.skip_zero_advantage=true", *overrides])
+    with pytest.raises(ValueError, match="critic.skip_zero_advantage"):
+        load_config(["critic.skip_zero_advantage=true"])
