@@ -2,18 +2,23 @@
 
     python scripts/bench_decode.py [--model smollm2-135m] [--task arithmetic_chat]
         [--dtype bfloat16] [--workloads 2x8x128,4x8x16] [--variants sdpa,matmul]
-        [--repeats 3] [--json out.json]
+        [--repeats 3] [--natural] [--json out.json]
 
 A workload ``PxSxT`` is P prompts (the task's first training prompts, rendered as rlsys sends
 them) x S samples x T new tokens, sampled at temperature 1 in one ``generate`` call. Every row
 decodes its whole budget (the engine's end tokens are cleared), so every loop takes the same
-decode steps whatever it samples. One engine per variant holds the same weights in
+decode steps whatever it samples; with ``--natural`` rows end at the model's own end tokens
+instead, as in training, so a variant that drops ended rows (``shrink``) shows what it saves
+(the variants then sample different replies: compare the mean reply length and the decode
+steps printed beside the times). One engine per variant holds the same weights in
 ``--dtype``: ``sdpa`` (decode steps through torch's SDPA kernel), ``matmul`` (decode steps as
 two matmuls, ``decode_attention=matmul``, the CPU default), ``shared`` (``matmul`` with each
 prompt prefilled once for its samples, ``share_prefill``, the default; the other variants
 prefill every sample's row, as the engine did before it) and ``compiled`` (a static KV cache
 and ``torch.compile`` of the forward step, ``compile=true``, attending through SDPA as when it
-was first measured). Each engine's first two calls of
+was first measured), ``shared`` being transformers' ``generate`` loop, which decodes every row
+until the longest ends, and ``shrink`` (the default now: ``shared`` in rlsys's own loop, where
+a row that ended leaves the batch, ``shrink_batch``). Each engine's first two calls of
 each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
 the second call with a static cache of the final size can still recompile). Then
 ``--repeats`` rounds run the variants in turn (the order rotates each round, so drift on a
@@ -34,12 +39,14 @@ import statistics
 import sys
 import time
 
-# each variant's rollout.engine_args (HFSettings)
+# each variant's rollout.engine_args (HFSettings); all but ``shrink`` decode in transformers'
+# generate, which runs every row until the longest ends
 VARIANTS = {
-    "sdpa": {"decode_attention": "sdpa", "share_prefill": False},
-    "matmul": {"decode_attention": "matmul", "share_prefill": False},
+    "sdpa": {"decode_attention": "sdpa", "share_prefill": False, "shrink_batch": False},
+    "matmul": {"decode_attention": "matmul", "share_prefill": False, "shrink_batch": False},
     "compiled": {"compile": True, "decode_attention": "sdpa"},
-    "shared": {"decode_attention": "matmul"},  # the default: matmul decode, shared prefill
+    "shared": {"decode_attention": "matmul", "shrink_batch": False},
+    "shrink": {"decode_attention": "matmul"},  # the default: rows that ended leave the batch
 }
 
 
@@ -80,6 +87,9 @@ def main() -> int:
         help=f"comma-separated, the first is the baseline: {', '.join(VARIANTS)}",
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--natural", action="store_true", help="rows end at the model's end tokens (as in RL)"
+    )
     parser.add_argument("--json", help="write one record per workload here")
     args = parser.parse_args()
     workloads = [_workload(w) for w in args.workloads.split(",") if w]
@@ -107,7 +117,8 @@ def main() -> int:
         v: HFEngine(path, args.dtype, cfg, "cpu", HFSettings(**VARIANTS[v])) for v in variants
     }
     for engine in engines.values():
-        engine.eos_ids = set()  # every row decodes its whole budget
+        if not args.natural:
+            engine.eos_ids = set()  # every row decodes its whole budget
     base = variants[0]
     shape = ModelShape.from_config(engines[base].model.config)
     step_bytes = decode_weight_bytes(shape, args.dtype)
@@ -124,12 +135,18 @@ def main() -> int:
         batch = ids[:prompts]
         sampling = SamplingParams(n=samples, max_new_tokens=tokens, temperature=1.0)
 
-        def timed(engine: HFEngine, batch=batch, sampling=sampling) -> float:
-            start = time.perf_counter()
-            engine.generate(batch, sampling)
-            return time.perf_counter() - start
+        replies: dict[str, list[int]] = {v: [] for v in variants}  # tokens, per row
 
-        warmup = {v: [timed(engines[v]) for _ in range(2)] for v in variants}
+        def timed(
+            engine: HFEngine, label: str, batch=batch, sampling=sampling, replies=replies
+        ) -> float:
+            start = time.perf_counter()
+            groups = engine.generate(batch, sampling)
+            seconds = time.perf_counter() - start
+            replies[label].extend(len(c.token_ids) for g in groups for c in g)
+            return seconds
+
+        warmup = {v: [timed(engines[v], v) for _ in range(2)] for v in variants}
         print(
             f"{name}: first two calls "
             + "; ".join(f"{v} {a:.1f} s, {b:.1f} s" for v, (a, b) in warmup.items()),
@@ -141,23 +158,28 @@ def main() -> int:
             loads.append(os.getloadavg()[0])
             shift = round_ % len(variants)
             for label in variants[shift:] + variants[:shift]:
-                seconds[label].append(timed(engines[label]))
-        generated = prompts * samples * tokens
+                seconds[label].append(timed(engines[label], label))
         record = {"workload": name, "dtype": args.dtype, "loads": loads, "memcpy_gbps": memcpy}
         for label, runs in seconds.items():
             median = statistics.median(runs)
+            # mean tokens a call generated (every row's budget unless --natural)
+            generated = statistics.mean(replies[label]) * prompts * samples
             speedups = [b / s for b, s in zip(seconds[base], runs, strict=True)]
             record[label] = {
                 "seconds": runs,
                 "warmup_s": warmup[label],
                 "tokens_per_s": generated / median,
                 "decode_bw_frac": step_bytes * tokens / median / 1e9 / memcpy,
+                "mean_reply_tokens": statistics.mean(replies[label]),
+                "longest_reply_tokens": max(replies[label]),
                 "speedups": speedups,
                 "speedup_median": statistics.median(speedups),
             }
             print(
                 f"  {label:8s} {median:7.2f} s  {generated / median:8.1f} tok/s  "
                 f"decode_bw_frac {record[label]['decode_bw_frac']:.3f}  "
+                f"replies {record[label]['mean_reply_tokens']:.1f} tokens, longest "
+                f"{record[label]['longest_reply_tokens']}  "
                 f"(rounds: {', '.join(f'{s:.2f}' for s in runs)})",
                 flush=True,
             )

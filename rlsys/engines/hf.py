@@ -1,4 +1,6 @@
-"""Rollout engine on transformers' ``generate``: batched sampling with behaviour logprobs."""
+"""Rollout engine on a transformers model: batched sampling with behaviour logprobs, decoded in
+rlsys's loop, whose batch sheds rows as they end (``shrinking``), or in transformers'
+``generate`` (the compiled loop, vision-language models, stop strings)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from rlsys.config.schema import RolloutConfig
 from rlsys.engines.base import WAKE_ALL
 from rlsys.engines.offload import ParkedWeights
 from rlsys.engines.settings import HFSettings
+from rlsys.engines.shrinking import shrinking_decode
 from rlsys.models.attention import use_decode_matmul
 from rlsys.models.loading import load_model, load_tokenizer
 from rlsys.models.vision import SUPPRESS_KEY, vision_inputs, vision_token_ids
@@ -64,6 +67,18 @@ class _Sampler(LogitsProcessor):
         self.top: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step, (B, k) logp, ids
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        chosen, logp, top = self.pick(scores)
+        self.logprobs.append(logp)
+        if top is not None:
+            self.top.append(top)
+        picked = torch.full_like(scores, float("-inf"))
+        return picked.scatter_(-1, chosen[:, None], 0.0)
+
+    def pick(
+        self, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Each row's next token from its scores (B, V), its log-probability, and the
+        ``top_k`` most likely (log-probabilities, ids) of the distribution drawn from."""
         scores = scores.float()
         if self.suppress:  # a copy: generate's own scores stay as they were
             index = torch.tensor(self.suppress, device=scores.device)
@@ -76,12 +91,11 @@ class _Sampler(LogitsProcessor):
             cdf = keep.exp().cumsum(-1)
             u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
             chosen = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[1] - 1)
-        self.logprobs.append(logp.gather(-1, chosen[:, None]).squeeze(-1))
+        top = None
         if self.top_k:  # of the distribution drawn from (top-p: its nucleus)
             drawn = logp if self.greedy or self.top_p >= 1.0 else keep
-            self.top.append(drawn.topk(min(self.top_k, logp.shape[-1]), dim=-1))
-        picked = torch.full_like(scores, float("-inf"))
-        return picked.scatter_(-1, chosen[:, None], 0.0)
+            top = tuple(drawn.topk(min(self.top_k, logp.shape[-1]), dim=-1))
+        return chosen, logp.gather(-1, chosen[:, None]).squeeze(-1), top
 
 
 def _compiled_decode(model, device: torch.device, settings: HFSettings) -> dict:
@@ -168,6 +182,13 @@ class HFEngine:
         # not for the compiled loop (its static cache cannot start from a prefilled dynamic
         # one) nor a vision-language model (its rotary positions come from its own inputs)
         self._share_prefill = own.share_prefill and not self._compiled and not self.suppress
+        # the same exclusions, and a model that decodes from transformers' dynamic cache
+        self._shrink = (
+            own.shrink_batch
+            and not self._compiled
+            and not self.suppress
+            and self.model._supports_default_dynamic_cache()
+        )
         forward_args = inspect.signature(self.model.forward).parameters
         self._one_logit = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self.version = 0
@@ -209,6 +230,7 @@ class HFEngine:
 
     def _generate_batch(self, rows: list[tuple], sampling: SamplingParams):
         prompts = [p for p, _, _ in rows]
+        budgets = [b for _, b, _ in rows]
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -222,45 +244,32 @@ class HFEngine:
             self.suppress,
             sampling.top_logprobs,
         )
-        stop_ids = sorted(self.eos_ids | set(sampling.stop_token_ids))
-        vision = vision_inputs(self.model.config, ids, [im for _, _, im in rows], self.device)
-        vision.pop(SUPPRESS_KEY, None)  # the sampler suppresses them (self.suppress)
-        prefilled = {}
-        if self._share_prefill:
-            prefilled = self._prefill_once(ids, mask, prompts)
-        stop_kwargs = {}
-        if sampling.stop:
-            if self._tokenizer is None:
-                self._tokenizer = load_tokenizer(self.model_path)
-            stop_kwargs = {"stop_strings": list(sampling.stop), "tokenizer": self._tokenizer}
-        out = self.model.generate(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            max_new_tokens=max(b for _, b, _ in rows),
-            do_sample=False,  # the sampler picks: see _Sampler
-            pad_token_id=self.pad_id,
-            eos_token_id=stop_ids,
-            return_dict_in_generate=True,
-            logits_processor=LogitsProcessorList([sampler]),
-            stopping_criteria=[_AbortCriteria(self._aborting)],
-            **self._compiled,
-            **stop_kwargs,
-            **vision,
-            **prefilled,
-        )
-        new_tokens = out.sequences[:, width:].cpu()
-        logprobs = torch.stack(sampler.logprobs, dim=1).cpu()[:, : new_tokens.shape[1]]
+        stop_ids = self.eos_ids | set(sampling.stop_token_ids)
+        prefilled = self._prefill_once(ids, mask, prompts) if self._share_prefill else {}
+        if self._shrink and not sampling.stop:
+            decoded = shrinking_decode(
+                self.model,
+                ids.to(self.device),
+                mask.to(self.device),
+                budgets,
+                sampler.pick,
+                stop_ids,
+                self._aborting,
+                prefilled.get("past_key_values"),
+                self._one_logit,
+            )
+            new_tokens, logprobs, top = decoded.tokens, decoded.logprobs, decoded.top
+        else:
+            new_tokens, logprobs, top = self._generate(
+                ids, mask, rows, sampling, sampler, prefilled
+            )
         aborted = self._aborting.is_set()
-        stop_set = set(stop_ids)
         texts = self._stop_string_ends(new_tokens, sampling.stop)
-        top = _top_pairs(sampler.top, new_tokens.shape[1]) if sampler.top else None
         completions = []
-        for i, (row, row_logprobs) in enumerate(
-            zip(new_tokens.tolist(), logprobs.tolist(), strict=True)
-        ):
-            budget = rows[i][1]
+        for i, (row, row_logprobs) in enumerate(zip(new_tokens, logprobs, strict=True)):
+            budget = budgets[i]
             row = row[:budget]  # a shorter budget than the micro-batch's longest
-            end = next((j + 1 for j, t in enumerate(row) if t in stop_set), None)
+            end = next((j + 1 for j, t in enumerate(row) if t in stop_ids), None)
             if texts[i] is not None and texts[i] <= budget and (end is None or texts[i] < end):
                 end = texts[i]
             if end is not None:
@@ -275,6 +284,44 @@ class HFEngine:
                 completion.top_logprobs = top[i][:length]
             completions.append(completion)
         return completions
+
+    def _generate(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        rows: list[tuple],
+        sampling: SamplingParams,
+        sampler: _Sampler,
+        prefilled: dict,
+    ) -> tuple[list[list[int]], list[list[float]], list | None]:
+        """transformers' ``generate`` on one micro-batch (every row decoded until the last
+        ends): per row the new tokens, their log-probabilities and top alternatives."""
+        vision = vision_inputs(self.model.config, ids, [im for _, _, im in rows], self.device)
+        vision.pop(SUPPRESS_KEY, None)  # the sampler suppresses them (self.suppress)
+        stop_kwargs = {}
+        if sampling.stop:
+            if self._tokenizer is None:
+                self._tokenizer = load_tokenizer(self.model_path)
+            stop_kwargs = {"stop_strings": list(sampling.stop), "tokenizer": self._tokenizer}
+        out = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            max_new_tokens=max(b for _, b, _ in rows),
+            do_sample=False,  # the sampler picks: see _Sampler
+            pad_token_id=self.pad_id,
+            eos_token_id=sorted(self.eos_ids | set(sampling.stop_token_ids)),
+            return_dict_in_generate=True,
+            logits_processor=LogitsProcessorList([sampler]),
+            stopping_criteria=[_AbortCriteria(self._aborting)],
+            **self._compiled,
+            **stop_kwargs,
+            **vision,
+            **prefilled,
+        )
+        new_tokens = out.sequences[:, ids.shape[1] :].cpu()
+        logprobs = torch.stack(sampler.logprobs, dim=1).cpu()[:, : new_tokens.shape[1]]
+        top = _top_pairs(sampler.top, new_tokens.shape[1]) if sampler.top else None
+        return new_tokens.tolist(), logprobs.tolist(), top
 
     def _prefill_once(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list) -> dict:
         """``generate`` arguments that start it from a KV cache holding every row's prompt but
@@ -304,12 +351,12 @@ class HFEngine:
         cache.batch_select_indices(owner.to(self.device))  # each row a copy of its prompt's
         return {"past_key_values": cache}
 
-    def _stop_string_ends(self, new_tokens: torch.Tensor, stop: list[str]) -> list[int | None]:
+    def _stop_string_ends(self, new_tokens: list[list[int]], stop: list[str]) -> list[int | None]:
         """Per row, the token count up to and including the first stop-string match."""
         if not stop:
             return [None] * len(new_tokens)
         ends: list[int | None] = []
-        for row in new_tokens.tolist():
+        for row in new_tokens:
             text, end = "", None
             for j, token in enumerate(row):
                 text += self._tokenizer.decode([token])

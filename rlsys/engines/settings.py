@@ -27,7 +27,13 @@ class HFSettings:
     ``share_prefill`` runs a prompt's prefill once for all its ``n`` samples and copies the KV
     cache to each sample's row, where ``generate`` would otherwise prefill the same prompt ``n``
     times. Same tokens and log-probabilities up to the dtype's rounding (fp32: equal to 1e-5);
-    off for the compiled loop (its static cache) and for vision-language models."""
+    off for the compiled loop (its static cache) and for vision-language models.
+
+    ``shrink_batch`` decodes in rlsys's own loop, where a row that has ended (a stop token or
+    its budget) leaves the batch with its KV cache, instead of ``generate``'s, which decodes
+    every row until the longest ends (rlsys/engines/shrinking.py). Same greedy tokens and
+    log-probabilities; off for the compiled loop, vision-language models and stop strings
+    (those calls go to ``generate``)."""
 
     compile: bool = False
     # torch.compile mode of the decode step; null: "reduce-overhead" on GPUs (CUDA graphs),
@@ -38,12 +44,15 @@ class HFSettings:
     decode_attention: str = "auto"
     # prefill each prompt once for its n samples (the KV cache copied to each sample's row)
     share_prefill: bool = True
+    # rows that ended leave the decode batch (rlsys's loop, not transformers' generate)
+    shrink_batch: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile={self.compile!r} must be true or false")
-        if not isinstance(self.share_prefill, bool):
-            raise ValueError(f"share_prefill={self.share_prefill!r} must be true or false")
+        for key in ("share_prefill", "shrink_batch"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key}={getattr(self, key)!r} must be true or false")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode={self.compile_mode!r} must be one of {COMPILE_MODES}")
         if self.decode_attention not in DECODE_ATTENTION:
