@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlsys.config.checks import one_of, positive
+from rlsys.config.checks import non_negative, one_of, positive
 from rlsys.config.env import AGENT_ENV, EnvConfig
 from rlsys.config.errors import ConfigError
 from rlsys.config.shapes import ShapesConfig
@@ -33,6 +33,9 @@ class TaskConfig:
     style: str = "compact"
     train_size: int = 9500  # distinct training problems
     eval_size: int = 500  # held-out problems (file tasks: held out of train_path if no eval_path)
+    # Seed of the task's problems and of its train / held-out split; null: run.seed. Set it
+    # to compare seeds on one held-out set (run.seed then varies only the run's own draws).
+    split_seed: int | None = None
     # File datasets (task.name=file).
     train_path: str | None = None  # .jsonl, .json (lines or one array), .parquet or .csv
     eval_path: str | None = None  # null: hold out eval_size rows of train_path
@@ -79,6 +82,8 @@ class TaskConfig:
         positive("task.digits", self.digits)
         positive("task.train_size", self.train_size)
         positive("task.eval_size", self.eval_size)
+        if self.split_seed is not None:
+            non_negative("task.split_seed", self.split_seed)
         if self.max_prompt_tokens is not None:
             positive("task.max_prompt_tokens", self.max_prompt_tokens)
         if self.max_new_tokens is not None:

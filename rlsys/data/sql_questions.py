@@ -3,7 +3,8 @@
 reference query that answers it (``meta["query"]``). The answer is the reference query's
 result as the ``sql`` tool prints it, so a model that runs the right query and copies the
 result is right. Deterministic in the seed; eval databases and train databases are disjoint
-(eval takes the first ``eval_size`` seeds of the run's range, train the rest).
+(eval takes the first ``eval_size`` seeds of the range of ``task.split_seed``, or of the run
+seed, train the rest).
 """
 
 from __future__ import annotations

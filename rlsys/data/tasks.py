@@ -361,5 +361,6 @@ def reviews_task(cfg: TaskConfig, seed: int) -> TaskSplits:
 
 
 def load_task(cfg: TaskConfig, seed: int) -> TaskSplits:
-    """The task named by ``task.name``."""
-    return TASKS.get(cfg.name)(cfg, seed)
+    """The task named by ``task.name``, its problems and split drawn with ``task.split_seed``,
+    or with ``seed`` (the run's) when that is null."""
+    return TASKS.get(cfg.name)(cfg, seed if cfg.split_seed is None else cfg.split_seed)

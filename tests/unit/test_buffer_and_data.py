@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlsys.backends.data_parallel import forward_plan, train_plan
+from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TaskConfig
 from rlsys.data.collate import pack, position_ids
 from rlsys.data.sampler import PromptSampler
@@ -34,6 +35,20 @@ def test_arithmetic_task_is_deterministic_with_disjoint_splits():
     assert a.max_new_tokens == 4  # 3 answer digits + EOS
     with pytest.raises(ValueError, match="task.train_size"):
         load_task(TaskConfig(digits=1, train_size=1000, eval_size=10), seed=0)
+
+
+def test_split_seed_holds_one_split_across_run_seeds():
+    """``task.split_seed`` fixes the problems and the held-out set whatever the run's seed;
+    left null, each run seed draws its own."""
+    cfg = TaskConfig(train_size=2000, eval_size=300)
+    own = [[p.text for p in load_task(cfg, seed=s).eval] for s in (1, 2)]
+    assert own[0] != own[1]
+    fixed = TaskConfig(train_size=2000, eval_size=300, split_seed=7)
+    shared = [load_task(fixed, seed=s) for s in (1, 2)]
+    assert [p.text for p in shared[0].eval] == [p.text for p in shared[1].eval]
+    assert [p.text for p in shared[0].train] == [p.text for p in load_task(cfg, seed=7).train]
+    with pytest.raises(ConfigError, match="task.split_seed"):
+        TaskConfig(split_seed=-1)
 
 
 def test_file_task_reads_jsonl_and_parquet_and_skips_bad_rows(tmp_path):
