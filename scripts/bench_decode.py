@@ -10,7 +10,8 @@ decodes its whole budget (the engine's end tokens are cleared), so every loop ta
 decode steps whatever it samples; with ``--natural`` rows end at the model's own end tokens
 instead, as in training, so a variant that drops ended rows (``shrink``) shows what it saves
 (the variants then sample different replies: compare the mean reply length and the decode
-steps printed beside the times). One engine per variant holds the same weights in
+steps printed beside the times; ``decode_bw_frac`` still counts the budget's decode steps
+there, an upper bound). One engine per variant holds the same weights in
 ``--dtype``: ``sdpa`` (decode steps through torch's SDPA kernel), ``matmul`` (decode steps as
 two matmuls, ``decode_attention=matmul``, the CPU default), ``shared`` (``matmul`` with each
 prompt prefilled once for its samples, ``share_prefill``, the default; the other variants

@@ -261,7 +261,7 @@ class HFEngine:
             new_tokens, logprobs, top = decoded.tokens, decoded.logprobs, decoded.top
         else:
             new_tokens, logprobs, top = self._generate(
-                ids, mask, rows, sampling, sampler, prefilled
+                ids, mask, rows, sampling, sampler, prefilled, stop_ids
             )
         aborted = self._aborting.is_set()
         texts = self._stop_string_ends(new_tokens, sampling.stop)
@@ -293,6 +293,7 @@ class HFEngine:
         sampling: SamplingParams,
         sampler: _Sampler,
         prefilled: dict,
+        stop_ids: set[int],
     ) -> tuple[list[list[int]], list[list[float]], list | None]:
         """transformers' ``generate`` on one micro-batch (every row decoded until the last
         ends): per row the new tokens, their log-probabilities and top alternatives."""
@@ -309,7 +310,7 @@ class HFEngine:
             max_new_tokens=max(b for _, b, _ in rows),
             do_sample=False,  # the sampler picks: see _Sampler
             pad_token_id=self.pad_id,
-            eos_token_id=sorted(self.eos_ids | set(sampling.stop_token_ids)),
+            eos_token_id=sorted(stop_ids),
             return_dict_in_generate=True,
             logits_processor=LogitsProcessorList([sampler]),
             stopping_criteria=[_AbortCriteria(self._aborting)],
