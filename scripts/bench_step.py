@@ -41,6 +41,7 @@ def main() -> int:
     from rlsys.run.bench import write_records
 
     cfg = load_config(DEFAULTS + args.overrides)
+    cfg.eval.validation_prompts = 0  # it never evaluates, so keeps no best policy (a preset may)
     from rlsys.data.tasks import load_task
     from rlsys.launch.local import connect_ray
     from rlsys.models.loading import load_tokenizer, resolve_model_path

@@ -12,6 +12,8 @@ Layout (``<run_dir>/checkpoints/``)::
       manifest.json    written last: every file with its size; a directory without a valid
                        one is incomplete and is never loaded
     final/             the policy as a Hugging Face directory, at the end of the run
+    best/              the policy of the best validation accuracy (eval.validation_prompts:
+                       rlsys/trainers/rl/selection.py), never listed, loaded or pruned here
 
 A checkpoint is assembled in ``.tmp-step_<N>`` beside its final name, every file fsynced,
 then renamed into place, so a crash leaves either the complete checkpoint or none; a
@@ -54,10 +56,10 @@ def fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -130,7 +132,7 @@ class CheckpointStore:
         if final.exists():  # the same step saved again (e.g. after a recovery): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         log.info("checkpoint %s saved (%.1fs)", final, time.perf_counter() - started)
         self._prune()
         return final

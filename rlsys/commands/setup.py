@@ -10,7 +10,7 @@ from rlsys.config.loader import to_yaml
 from rlsys.config.schema import TrainConfig
 from rlsys.data.tasks import load_task
 from rlsys.models.loading import check_model_path, load_tokenizer, resolve_model_path
-from rlsys.resolve.inputs import check_batch, resolve_prompt_limit
+from rlsys.resolve.inputs import check_splits, resolve_prompt_limit
 from rlsys.run.directory import check_output_dir
 from rlsys.trainers.collector import RolloutCollector
 
@@ -25,12 +25,13 @@ def rollout_collector(cfg: TrainConfig, pools, tokenizer) -> RolloutCollector:
 def program_inputs(cfg: TrainConfig, rl: bool = True):
     """The model directory, its tokenizer and the task's splits without prompts too long to
     use: every input checked (the model path, the dataset files and, for RL (``rl``), the
-    batch size against the training split) before a run directory or Ray exists."""
+    batch size and the validation prompts against the splits) before a run directory or Ray
+    exists."""
     check_output_dir(cfg)
     check_model_path(cfg.model.path)
     task = load_task(cfg.task, cfg.run.seed)  # dataset errors first: they need no model
     if rl:
-        check_batch(cfg, task)  # before screening too: the tokenizer takes seconds to load
+        check_splits(cfg, task)  # before screening too: the tokenizer takes seconds to load
     base = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(base)
     limit = resolve_prompt_limit(cfg, base, task)
@@ -47,7 +48,7 @@ def program_inputs(cfg: TrainConfig, rl: bool = True):
         limit,
     )
     if rl:
-        check_batch(cfg, task)
+        check_splits(cfg, task)
     return base, tokenizer, task
 
 

@@ -221,9 +221,14 @@ class EvalConfig:
     # A prompt metadata key (e.g. "level" of the arithmetic task): each evaluation also logs
     # eval/accuracy_<value> over the held-out prompts of each value. null: overall only.
     group_by: str | None = None
+    # Held-out prompts after the first num_prompts, scored at every evaluation of
+    # `rlsys train`; the policy with the best accuracy on them is exported to
+    # checkpoints/best (docs/usage.md, "Keeping the best policy"). 0: off.
+    validation_prompts: int = 0
 
     def __post_init__(self) -> None:
         positive("eval.num_prompts", self.num_prompts)
+        non_negative("eval.validation_prompts", self.validation_prompts)
         if self.max_new_tokens is not None:
             positive("eval.max_new_tokens", self.max_new_tokens)
 

@@ -1,10 +1,12 @@
 """The config against a program's inputs: the prompt bound a null ``task.max_prompt_tokens``
-takes from the model's context, and ``data.batch_size`` against the task's training split.
-Both run once, before a run directory or Ray exists."""
+takes from the model's context, ``data.batch_size`` against the task's training split and
+``eval.validation_prompts`` against its held-out split. All run once, before a run directory
+or Ray exists."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from rlsys.config.errors import ConfigError
 from rlsys.config.schema import TrainConfig
@@ -47,6 +49,12 @@ def resolve_prompt_limit(cfg: TrainConfig, model_path: str, task: TaskSplits) ->
     return context - response
 
 
+def check_splits(cfg: TrainConfig, task: TaskSplits) -> None:
+    """Refuse a batch or a validation split larger than the task's splits can give."""
+    check_batch(cfg, task)
+    validation_split(task.eval, cfg.eval.num_prompts, cfg.eval.validation_prompts)
+
+
 def check_batch(cfg: TrainConfig, task: TaskSplits) -> None:
     """Refuse a ``data.batch_size`` larger than the task's usable training prompts."""
     if cfg.data.batch_size > len(task.train):
@@ -54,3 +62,18 @@ def check_batch(cfg: TrainConfig, task: TaskSplits) -> None:
             f"data.batch_size={cfg.data.batch_size} exceeds the {len(task.train)} usable "
             "training prompts of the task; lower data.batch_size or use a larger dataset"
         )
+
+
+def validation_split(held_out: Sequence, num_prompts: int, validation_prompts: int) -> list:
+    """The ``validation_prompts`` held-out prompts after the first ``num_prompts`` (the
+    reported ones); raises ``ConfigError`` when the task holds out too few."""
+    wanted = num_prompts + validation_prompts
+    if len(held_out) < wanted:
+        raise ConfigError(
+            f"eval.validation_prompts={validation_prompts} needs {wanted} held-out prompts "
+            f"(eval.num_prompts={num_prompts} + {validation_prompts}), but the task holds "
+            f"out {len(held_out)}: "
+            "raise task.eval_size (or give a longer task.eval_path), or lower "
+            "eval.validation_prompts / eval.num_prompts"
+        )
+    return list(held_out[num_prompts:wanted])

@@ -112,7 +112,12 @@ def panels(keys: list[str]) -> list[Panel]:
             "accuracy",
             "Accuracy (training samples and held-out eval)",
             "fraction correct",
-            present("rollout/accuracy", "eval/accuracy", "eval/pairwise_accuracy"),
+            present(
+                "rollout/accuracy",
+                "eval/accuracy",
+                "eval/validation_accuracy",
+                "eval/pairwise_accuracy",
+            ),
         ),
         Panel("loss", "Loss", "loss", present("train/loss", "sft/loss")),
         Panel("kl", "KL divergence (per token)", "KL", present("train/kl", "train/approx_kl")),

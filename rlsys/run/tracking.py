@@ -32,6 +32,7 @@ _CONSOLE_KEYS = [
     ("train/grad_norm", "gnorm", "{:.3f}"),
     ("rollout/response_tokens", "len", "{:.1f}"),
     ("eval/accuracy", "EVAL", "{:.3f}"),
+    ("eval/validation_accuracy", "VAL", "{:.3f}"),
     ("eval/pairwise_accuracy", "EVAL pairs", "{:.3f}"),
     ("perf/step_s", "step_s", "{:.2f}"),
     ("perf/tokens_per_s", "tok/s", "{:.0f}"),

@@ -43,6 +43,7 @@ def _run_ok(command: str, tmp_path: Path, name: str, *overrides: str):
         ("data.batch_size=-1", "data.batch_size"),
         ("learner.world_size=64", "learner.world_size=64"),
         ("task.reward=nope", "task.reward='nope'"),
+        ("eval.validation_prompts=100", "eval.validation_prompts=100 needs 600 held-out"),
     ],
 )
 def test_bad_override_fails_fast_naming_the_key(override, needle):
@@ -65,7 +66,12 @@ def test_cfg_job_prints_the_resolved_config():
         # one rank is the simpler topology: CI runs the other (the long tier runs both)
         pytest.param(["learner.world_size=1"], marks=pytest.mark.long, id="ws1"),
         pytest.param(
-            ["learner.world_size=2", "rollout.num_workers=2", "rollout.num_cpus_per_worker=1"],
+            [
+                "learner.world_size=2",
+                "rollout.num_workers=2",
+                "rollout.num_cpus_per_worker=1",
+                "eval.validation_prompts=16",  # the best policy, exported from two ranks
+            ],
             id="ws2-rw2",
         ),
     ],
@@ -90,6 +96,8 @@ def test_train_runs_on_each_topology_and_leaves_its_outputs(tmp_path, topology):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3  # eval at step 0, then two steps
     assert (run / "checkpoints" / "final" / "config.json").exists()
+    if "eval.validation_prompts=16" in topology:
+        _check_best_policy(run, summary, [json.loads(line) for line in lines])
     final = f"model.path={run / 'checkpoints' / 'final'}"
     evaluated = _rlsys("eval", final, "eval.num_prompts=16", "eval.group_by=level", timeout=120)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
@@ -97,6 +105,26 @@ def test_train_runs_on_each_topology_and_leaves_its_outputs(tmp_path, topology):
     assert result["num_prompts"] == 16
     levels = {p.meta["level"] for p in load_task(TaskConfig(), 0).eval[:16]}
     assert set(result["accuracy_by"]) == {str(level) for level in levels}
+
+
+def _check_best_policy(run: Path, summary: dict, metrics: list[dict]) -> None:
+    """checkpoints/best holds the policy of the first evaluation with the highest
+    validation accuracy, and its record names that evaluation's step and figures."""
+    evals = [m for m in metrics if "eval/validation_accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 2]
+    top = max(m["eval/validation_accuracy"] for m in evals)
+    first = next(m for m in evals if m["eval/validation_accuracy"] == top)
+    chosen = {
+        "step": first["step"],
+        "validation_accuracy": top,
+        "accuracy": first["eval/accuracy"],
+    }
+    assert summary["selected"] == chosen
+    best = run / "checkpoints" / "best"
+    assert summary["best_model"] == str(best)
+    record = json.loads((best / "selection.json").read_text())
+    assert len(record.pop("validation_set")) == 16 and record == chosen
+    assert (best / "config.json").exists() and (best / "model.safetensors").exists()
 
 
 @pytest.mark.long  # CI runs the weight-sync benchmark; this one's stages are timed in CI's runs

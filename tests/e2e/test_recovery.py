@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -164,13 +165,13 @@ ABORT_RUN = [
 COMPARED = ("rollout/reward_mean", "rollout/response_tokens", "train/loss", "train/grad_norm")
 
 
-def _train(tmp_path, name: str) -> tuple[dict, dict[int, dict], list[int]]:
-    """``rlsys.commands.train.train`` in this process: its summary, records by step, logged
-    steps."""
+def _train(tmp_path, name: str, *extra: str) -> tuple[dict, dict[int, dict], list[int]]:
+    """``rlsys.commands.train.train`` in this process (``extra``: overrides): its summary,
+    records by step, logged steps."""
     from rlsys.commands.train import train
     from rlsys.resolve import load_config
 
-    cfg = load_config([*ABORT_RUN, f"run.output_dir={tmp_path}", f"run.name={name}"])
+    cfg = load_config([*ABORT_RUN, *extra, f"run.output_dir={tmp_path}", f"run.name={name}"])
     summary = json.loads(train(cfg).read_text())
     records = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     by_step: dict[int, dict] = {}
@@ -229,3 +230,28 @@ def test_a_learner_rank_that_aborts_sends_the_run_back_to_its_checkpoint(
     weights = _weights(summary["final_model"])
     assert weights.keys() == whole_weights.keys()
     assert all((weights[k] == whole_weights[k]).all() for k in weights)
+
+
+@pytest.mark.long  # CI runs the final export's case; this export is the same learner call
+def test_a_rank_that_aborts_in_the_best_policy_export_sends_the_run_back(
+    never_aborted, tmp_path, monkeypatch
+):
+    """eval.validation_prompts: rank 1 dies gathering the step-0 evaluation's export to
+    checkpoints/best; the run goes back to its start and trains as one never aborted (the
+    validation evaluations are greedy and draw nothing), and keeps a best policy."""
+    from rlsys.runtime import ABORT_ENV
+
+    whole, whole_steps, whole_weights = never_aborted
+    marker = tmp_path / "abort.marker"
+    monkeypatch.setenv(ABORT_ENV, f"save_hf:1:1:{marker}")
+    summary, by_step, steps = _train(tmp_path, "aborted", "eval.validation_prompts=16")
+    assert marker.exists(), "the rank did not abort"
+    assert summary["restarts"] == {"rollout": 0, "learner": 1}
+    assert summary["steps"] == 3 and steps == [1, 2, 3]
+    for step in (1, 2, 3):
+        for key in COMPARED:
+            assert by_step[step][key] == pytest.approx(whole_steps[step][key], rel=1e-6)
+    weights = _weights(summary["final_model"])
+    assert all((weights[k] == whole_weights[k]).all() for k in weights)
+    assert summary["selected"]["step"] in (0, 3)
+    assert (Path(summary["best_model"]) / "model.safetensors").exists()

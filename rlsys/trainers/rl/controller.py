@@ -32,6 +32,7 @@ this step's training (one-step-off); more is fully asynchronous.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -53,6 +54,7 @@ from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.models.loading import end_token_ids
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
+from rlsys.resolve.inputs import validation_split
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector, check_group_by
 from rlsys.trainers.rl.group_structure import group_structure
@@ -65,6 +67,7 @@ from rlsys.trainers.rl.run_summary import run_summary
 from rlsys.trainers.rl.sample_metrics import sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan, live_check
 from rlsys.trainers.rl.scaling import RolloutScaler
+from rlsys.trainers.rl.selection import BestPolicy, validation_key
 from rlsys.trainers.rl.state import RunState
 from rlsys.trainers.rl.step_metrics import batch_metrics, learner_padding, perf_metrics
 from rlsys.trainers.rl.timing import StageTimer, setup_frozen
@@ -100,6 +103,21 @@ class Controller:
         if cfg.reference_group and pools.reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
         check_group_by(cfg.eval.group_by, task.eval[: cfg.eval.num_prompts])
+        self.validation, self.best = [], None
+        if cfg.eval.validation_prompts:
+            self.validation = validation_split(
+                task.eval, cfg.eval.num_prompts, cfg.eval.validation_prompts
+            )
+            if checkpoints is None:
+                raise ValueError(
+                    "eval.validation_prompts keeps a policy in the run's checkpoints/, which "
+                    "only `rlsys train` has: set eval.validation_prompts=0 here"
+                )
+            self.best = BestPolicy(
+                checkpoints.root / "best",
+                lambda path: pools.learner.save_hf(path),  # late-bound: a resize replaces it
+                validation_key(self.validation),
+            )
         self.collector = RolloutCollector.for_task(
             pools.generate, tokenizer, cfg.task, cfg.reward, pools.scorer
         )
@@ -331,20 +349,25 @@ class Controller:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out prompts with the engines' current weights (call
-        with the rollout loops held: ``pipeline.gate.shut()``, or before they start)."""
+        """Greedy accuracy on the held-out prompts with the engines' current weights, and on
+        the validation prompts if any (call with the rollout loops held:
+        ``pipeline.gate.shut()``, or before they start)."""
+        budget = self.cfg.eval.max_new_tokens or self.task.max_new_tokens
         result = self.collector.evaluate(
-            self.task.eval[: self.cfg.eval.num_prompts],
-            self.cfg.eval.max_new_tokens or self.task.max_new_tokens,
-            self.cfg.eval.group_by,
+            self.task.eval[: self.cfg.eval.num_prompts], budget, self.cfg.eval.group_by
         )
-        return {
+        metrics = {
             "eval/accuracy": result.accuracy,
             "eval/reward_mean": result.mean_reward,
             "eval/response_tokens": result.mean_response_tokens,
             "eval/num_prompts": result.num_prompts,
             **{f"eval/accuracy_{value}": acc for value, acc in result.accuracy_by.items()},
         }
+        if self.validation:
+            metrics["eval/validation_accuracy"] = self.collector.evaluate(
+                self.validation, budget, None
+            ).accuracy
+        return metrics
 
     def _timed_evaluate(self) -> dict[str, float]:
         start = time.perf_counter()
@@ -355,25 +378,36 @@ class Controller:
 
     def run(self, final: Path | None = None) -> dict:
         """Evaluate (unless resumed); train until ``trainer.total_steps``, a budget or a
-        SIGTERM (evaluating every K steps and at the end, checkpointing every
-        ``checkpoint.every`` steps and at exit); export the policy to ``final`` unless stopped
-        by SIGTERM; check and report the sample accounting. A rank that dies in any of it
-        sends the run back to its latest checkpoint (``recovery.py``)."""
+        SIGTERM (evaluating every K steps and at the end, keeping the policy of the best
+        validation accuracy in checkpoints/best with ``eval.validation_prompts``,
+        checkpointing every ``checkpoint.every`` steps and at exit); export the policy to
+        ``final`` unless stopped by SIGTERM; check and report the sample accounting. A rank
+        that dies in any of it sends the run back to its latest checkpoint
+        (``recovery.py``)."""
+        first = None
         if self.state.totals.accuracy_before is None:
-            self.state.totals.accuracy_before = self._log_eval(0, self._timed_evaluate())
+            first = self._timed_evaluate()
+            self.state.totals.accuracy_before = self._log_eval(0, first)
             self.state.totals.eval_s = 0.0
             self.state.clock = time.perf_counter()
         self.recovery.mark_start()
         with setup_frozen():
             self.state.pipeline.start()
             try:
+                if first is not None and self.best is not None:
+                    self.best.start_over()  # a best left by a run this one starts over from
+                    self._keep_if_best(0, first)  # a rank died in it: back at the start
                 while True:  # again after a rank died in the last saves (recovery.finish)
                     self._train_loop()
+                    steps = self.state.totals.steps
                     if self.preempt.is_set():
-                        log.warning("SIGTERM: stopping after step %d", self.state.totals.steps)
-                    elif self.state.totals.eval_history[-1]["step"] != self.state.totals.steps:
+                        log.warning("SIGTERM: stopping after step %d", steps)
+                    elif self.state.totals.eval_history[-1]["step"] != steps:
                         with self.state.pipeline.gate.shut():
-                            self._log_eval(self.state.totals.steps, self._timed_evaluate())
+                            last = self._timed_evaluate()
+                        self._log_eval(steps, last)
+                        if not self._keep_if_best(steps, last):
+                            continue  # back at the latest checkpoint: train on from it
                     final = None if self.preempt.is_set() else final
                     if self.recovery.finish(self.cfg.checkpoint.at_exit, final):
                         break
@@ -393,6 +427,10 @@ class Controller:
             self.state.elapsed(),
             accounting,
         )
+        if self.best is not None:  # eval.validation_prompts: the policy it chose, if any yet
+            chosen = self.best.chosen
+            summary["best_model"] = str(self.best.directory) if chosen else None
+            summary["selected"] = dataclasses.asdict(chosen) if chosen else None
         return {**summary, "final_model": str(final) if final else None}
 
     def _train_loop(self) -> None:
@@ -416,6 +454,8 @@ class Controller:
             if evaluate:
                 self.state.totals.eval_history.append({"step": step, **metrics})
             self.tracker.log(step, metrics)
+            if evaluate and not self._keep_if_best(step, metrics):
+                continue  # a rank died in the export: back at the latest checkpoint
             if save and not self.recovery.checkpoint_or_recover():
                 continue  # a rank died in the save: back at the latest checkpoint
             wanted = self.scale_plan.poll(step)
@@ -445,3 +485,19 @@ class Controller:
         self.state.totals.eval_history.append({"step": step, **metrics})
         self.tracker.log(step, metrics)
         return metrics["eval/accuracy"]
+
+    def _keep_if_best(self, step: int, metrics: dict[str, float]) -> bool:
+        """With ``eval.validation_prompts``: the policy exported to checkpoints/best if this
+        evaluation's validation accuracy is the best yet (the learner holds the weights just
+        evaluated: an evaluation follows the weight sync, and nothing trains before this).
+        False when a rank died in the export and the run went back to its latest
+        checkpoint (``recovery.recover``), as a failed save does."""
+        if self.best is None:
+            return True
+        try:
+            self.best.consider(step, metrics)
+        except Exception as exc:
+            if not self.recovery.recover(exc):
+                raise
+            return False
+        return True
