@@ -98,6 +98,8 @@ def test_smollm2_preset_learns_in_its_first_five_minutes(tmp_path):
     )
     assert summary["eval_num_prompts"] == 200
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.15
+    # the preset keeps the policy of the best validation accuracy: after 5 minutes, the last
+    assert summary["selected"]["step"] == summary["steps"]
 
 
 @pytest.mark.long
