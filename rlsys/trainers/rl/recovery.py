@@ -131,17 +131,22 @@ class Recovery:
             buffer.resume()
         return self.last_saved
 
-    def checkpoint_or_recover(self) -> bool:
-        """``save_checkpoint``; True once saved. A worker process that dies in it (a learner
-        rank's abort) is replaced and the run goes back to the latest complete checkpoint
-        (``recover``): False then, and the steps after that checkpoint are trained again."""
+    def attempt(self, action: Callable[[], object]) -> bool:
+        """Run ``action`` (a call the learner ranks take part in: a save, an export); True
+        once done. A worker process that dies in it (a learner rank's abort) is replaced and
+        the run goes back to the latest complete checkpoint (``recover``): False then, and
+        the steps after that checkpoint are trained again."""
         try:
-            self.save_checkpoint()
+            action()
         except Exception as exc:
             if not self.recover(exc):
                 raise
             return False
         return True
+
+    def checkpoint_or_recover(self) -> bool:
+        """``save_checkpoint`` as an ``attempt``."""
+        return self.attempt(self.save_checkpoint)
 
     def finish(self, at_exit: bool, final: Path | None) -> bool:
         """The saves after the run's last step: its checkpoint (``at_exit``, unless it has one
@@ -152,15 +157,7 @@ class Recovery:
         due = at_exit and self.checkpoints is not None and not self.saved_latest_step()
         if due and not self.checkpoint_or_recover():
             return False
-        if final is None:
-            return True
-        try:
-            self.pools.learner.save_hf(str(final))
-        except Exception as exc:
-            if not self.recover(exc):
-                raise
-            return False
-        return True
+        return final is None or self.attempt(lambda: self.pools.learner.save_hf(str(final)))
 
     def saved_latest_step(self) -> bool:
         """Whether the latest step has a checkpoint already."""
