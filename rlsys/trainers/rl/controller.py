@@ -32,7 +32,6 @@ this step's training (one-step-off); more is fully asynchronous.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
@@ -54,9 +53,9 @@ from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
 from rlsys.models.loading import end_token_ids
 from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
-from rlsys.resolve.inputs import validation_split
 from rlsys.run.tracking import Tracker
-from rlsys.trainers.collector import RolloutCollector, check_group_by
+from rlsys.trainers.collector import RolloutCollector
+from rlsys.trainers.rl.evaluation import HeldOut
 from rlsys.trainers.rl.group_structure import group_structure
 from rlsys.trainers.rl.handover import MemoryHandover
 from rlsys.trainers.rl.learner_scaling import LearnerScaler
@@ -67,7 +66,7 @@ from rlsys.trainers.rl.run_summary import run_summary
 from rlsys.trainers.rl.sample_metrics import sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan, live_check
 from rlsys.trainers.rl.scaling import RolloutScaler
-from rlsys.trainers.rl.selection import BestPolicy, validation_key
+from rlsys.trainers.rl.selection import BestPolicy
 from rlsys.trainers.rl.state import RunState
 from rlsys.trainers.rl.step_metrics import batch_metrics, learner_padding, perf_metrics
 from rlsys.trainers.rl.timing import StageTimer, setup_frozen
@@ -102,24 +101,14 @@ class Controller:
             raise ValueError("algorithm.advantage=gae needs a critic pool (start_pools roles)")
         if cfg.reference_group and pools.reference is None:
             raise ValueError("algorithm.kl_coef > 0 needs a reference pool (start_pools roles)")
-        check_group_by(cfg.eval.group_by, task.eval[: cfg.eval.num_prompts])
-        self.validation, self.best = [], None
-        if cfg.eval.validation_prompts:
-            self.validation = validation_split(
-                task.eval, cfg.eval.num_prompts, cfg.eval.validation_prompts
-            )
-            if checkpoints is None:
-                raise ValueError(
-                    "eval.validation_prompts keeps a policy in the run's checkpoints/, which "
-                    "only `rlsys train` has: set eval.validation_prompts=0 here"
-                )
-            self.best = BestPolicy(
-                checkpoints.root / "best",
-                lambda path: pools.learner.save_hf(path),  # late-bound: a resize replaces it
-                validation_key(self.validation),
-            )
         self.collector = RolloutCollector.for_task(
             pools.generate, tokenizer, cfg.task, cfg.reward, pools.scorer
+        )
+        self.held_out = HeldOut(cfg, task, self.collector)
+        self.best = BestPolicy.for_run(
+            self.held_out.validation,
+            checkpoints,
+            lambda path: pools.learner.save_hf(path),  # late-bound: a resize replaces it
         )
         episodes = self.collector.episodes
         self.recipe = Recipe(
@@ -348,30 +337,9 @@ class Controller:
                 metrics.update(self._timed_evaluate())
         return metrics
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out prompts with the engines' current weights, and on
-        the validation prompts if any (call with the rollout loops held:
-        ``pipeline.gate.shut()``, or before they start)."""
-        budget = self.cfg.eval.max_new_tokens or self.task.max_new_tokens
-        result = self.collector.evaluate(
-            self.task.eval[: self.cfg.eval.num_prompts], budget, self.cfg.eval.group_by
-        )
-        metrics = {
-            "eval/accuracy": result.accuracy,
-            "eval/reward_mean": result.mean_reward,
-            "eval/response_tokens": result.mean_response_tokens,
-            "eval/num_prompts": result.num_prompts,
-            **{f"eval/accuracy_{value}": acc for value, acc in result.accuracy_by.items()},
-        }
-        if self.validation:
-            metrics["eval/validation_accuracy"] = self.collector.evaluate(
-                self.validation, budget, None
-            ).accuracy
-        return metrics
-
     def _timed_evaluate(self) -> dict[str, float]:
         start = time.perf_counter()
-        metrics = self.evaluate()
+        metrics = self.held_out.evaluate()
         metrics["time/eval"] = time.perf_counter() - start
         self.state.totals.eval_s += metrics["time/eval"]
         return metrics
@@ -428,9 +396,7 @@ class Controller:
             accounting,
         )
         if self.best is not None:  # eval.validation_prompts: the policy it chose, if any yet
-            chosen = self.best.chosen
-            summary["best_model"] = str(self.best.directory) if chosen else None
-            summary["selected"] = dataclasses.asdict(chosen) if chosen else None
+            summary.update(self.best.summary())
         return {**summary, "final_model": str(final) if final else None}
 
     def _train_loop(self) -> None:
@@ -492,12 +458,5 @@ class Controller:
         evaluated: an evaluation follows the weight sync, and nothing trains before this).
         False when a rank died in the export and the run went back to its latest
         checkpoint (``recovery.recover``), as a failed save does."""
-        if self.best is None:
-            return True
-        try:
-            self.best.consider(step, metrics)
-        except Exception as exc:
-            if not self.recovery.recover(exc):
-                raise
-            return False
-        return True
+        best = self.best
+        return best is None or self.recovery.attempt(lambda: best.consider(step, metrics))

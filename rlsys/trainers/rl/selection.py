@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsys.checkpoint.store import CheckpointError, fsync_dir, fsync_tree
+from rlsys.checkpoint.store import CheckpointError, CheckpointStore, fsync_dir, fsync_tree
 from rlsys.types import Prompt
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,31 @@ class BestPolicy:
         self._staged = directory.with_name(f".tmp-{directory.name}")
         self._retired = directory.with_name(f".old-{directory.name}")
         self.chosen = self._read()
+
+    @classmethod
+    def for_run(
+        cls,
+        validation: Sequence[Prompt],
+        checkpoints: CheckpointStore | None,
+        save: Callable[[str], None],
+    ) -> BestPolicy | None:
+        """The run's keeper in ``checkpoints/best``, or None without validation prompts."""
+        if not validation:
+            return None
+        if checkpoints is None:
+            raise ValueError(
+                "eval.validation_prompts keeps a policy in the run's checkpoints/, which only "
+                "`rlsys train` has: set eval.validation_prompts=0 here"
+            )
+        return cls(checkpoints.root / "best", save, validation_key(validation))
+
+    def summary(self) -> dict:
+        """summary.json's ``best_model`` and ``selected`` (None until the first choice)."""
+        chosen = self.chosen
+        return {
+            "best_model": str(self.directory) if chosen else None,
+            "selected": dataclasses.asdict(chosen) if chosen else None,
+        }
 
     def start_over(self) -> None:
         """Forget the record on disk (a run starting from step 0 in a directory an earlier
