@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from rlsys.data.collate import position_ids
+from rlsys.models.fused_logprobs import token_stats
 from rlsys.models.lm_head import SliceFn, sliced_forward
 from rlsys.models.vision import SUPPRESS_KEY
 
@@ -72,11 +73,6 @@ def _suppressing(fn: SliceFn, suppress: torch.Tensor) -> SliceFn:
     return suppressed
 
 
-def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) given its log-sum-exp: lse - sum(p * logits)."""
-    return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-
-
 def logprob_slices(
     targets: torch.Tensor, temperature: float, entropy: bool, with_grad: bool
 ) -> SliceFn:
@@ -85,15 +81,9 @@ def logprob_slices(
     ``entropy``, the entropy there (with a graph if ``with_grad``): (n, 1 or 2)."""
 
     def per_slice(logits: torch.Tensor, rows: slice) -> torch.Tensor:
-        logits = logits.float()  # bf16 logits are cast up before the log-sum-exp
-        if temperature != 1.0:
-            logits = logits / temperature
-        lse = torch.logsumexp(logits, dim=-1)
-        out = [logits.gather(-1, targets[rows]).squeeze(-1) - lse]
-        if entropy:
-            with torch.set_grad_enabled(with_grad):
-                out.append(_entropy(logits, lse))
-        return torch.stack(out, -1)
+        # reduced in fp32 a block of rows at a time, with a backward of its own
+        logp, ent = token_stats(logits, targets[rows], temperature, entropy, with_grad)
+        return torch.stack([logp] if ent is None else [logp, ent], -1)
 
     return per_slice
 
