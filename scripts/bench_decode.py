@@ -18,8 +18,11 @@ prompt prefilled once for its samples, ``share_prefill``, the default; the other
 prefill every sample's row, as the engine did before it) and ``compiled`` (a static KV cache
 and ``torch.compile`` of the forward step, ``compile=true``, attending through SDPA as when it
 was first measured), ``shared`` being transformers' ``generate`` loop, which decodes every row
-until the longest ends, and ``shrink`` (the default now: ``shared`` in rlsys's own loop, where
-a row that ended leaves the batch, ``shrink_batch``). Each engine's first two calls of
+until the longest ends, ``shrink`` (``shared`` in rlsys's own loop, where a row that ended
+leaves the batch, ``shrink_batch``) and ``prepacked`` (the default now: ``shrink`` with the
+linear weights packed for oneDNN once per weight version, ``prepack``; every other variant
+multiplies by the plain weights, as the engine did when it was measured). Each engine's first
+two calls of
 each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
 the second call with a static cache of the final size can still recompile). Then
 ``--repeats`` rounds run the variants in turn (the order rotates each round, so drift on a
@@ -40,14 +43,22 @@ import statistics
 import sys
 import time
 
-# each variant's rollout.engine_args (HFSettings); all but ``shrink`` decode in transformers'
-# generate, which runs every row until the longest ends
+# each variant's rollout.engine_args (HFSettings); all but ``shrink`` and ``prepacked`` decode
+# in transformers' generate, which runs every row until the longest ends; all but
+# ``prepacked`` multiply by F.linear's weights, as the engine did when they were measured
+PLAIN = {"prepack": False}
 VARIANTS = {
-    "sdpa": {"decode_attention": "sdpa", "share_prefill": False, "shrink_batch": False},
-    "matmul": {"decode_attention": "matmul", "share_prefill": False, "shrink_batch": False},
+    "sdpa": {"decode_attention": "sdpa", "share_prefill": False, "shrink_batch": False, **PLAIN},
+    "matmul": {
+        "decode_attention": "matmul",
+        "share_prefill": False,
+        "shrink_batch": False,
+        **PLAIN,
+    },
     "compiled": {"compile": True, "decode_attention": "sdpa"},
-    "shared": {"decode_attention": "matmul", "shrink_batch": False},
-    "shrink": {"decode_attention": "matmul"},  # the default: rows that ended leave the batch
+    "shared": {"decode_attention": "matmul", "shrink_batch": False, **PLAIN},
+    "shrink": {"decode_attention": "matmul", **PLAIN},  # rows that ended leave the batch
+    "prepacked": {"decode_attention": "matmul"},  # the default: shrink, weights prepacked
 }
 
 

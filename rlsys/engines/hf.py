@@ -15,6 +15,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 from rlsys.config.schema import RolloutConfig
 from rlsys.engines.base import WAKE_ALL
 from rlsys.engines.offload import ParkedWeights
+from rlsys.engines.packed_linear import PackedLinears, can_prepack
 from rlsys.engines.settings import HFSettings
 from rlsys.engines.shrinking import shrinking_decode
 from rlsys.models.attention import use_decode_matmul
@@ -193,6 +194,10 @@ class HFEngine:
         self._one_logit = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self.version = 0
         self._parked = ParkedWeights(self.model, self.device)
+        # CPU weights packed for oneDNN once per version (the compiled loop packs its own)
+        self._prepacked = None
+        if own.prepack and not self._compiled and can_prepack(self.model):
+            self._prepacked = PackedLinears(self.model, self.micro)
 
     def _check_awake(self, call: str) -> None:
         if self._parked.parked:
@@ -210,6 +215,8 @@ class HFEngine:
         i gets at most ``budgets[i]`` new tokens (default ``sampling.max_new_tokens``) and,
         for a vision-language model, shows ``images[i]`` (its ``PromptPixels``, or None)."""
         self._check_awake("generate")
+        if self._prepacked is not None:
+            self._prepacked.pack()  # after a weight load: once, for every call until the next
         self._aborting.clear()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
@@ -373,6 +380,8 @@ class HFEngine:
         ``adopt``: parameters become the received tensors themselves (views of the weight
         transport's shared memory, valid until the next update); buffers are still copied."""
         self._check_awake("update_weights")
+        if self._prepacked is not None:
+            self._prepacked.drop()
         loaded = 0
         state = self.model.state_dict()  # looked up now: sleep/wake move the storage
         params = dict(self.model.named_parameters(remove_duplicate=False)) if adopt else {}
@@ -406,7 +415,10 @@ class HFEngine:
     def sleep(self) -> int:
         """Free the weights' memory while learners train (colocated): to host memory on a
         GPU, to a scratch file on a CPU (``ParkedWeights``); returns the bytes freed. The KV
-        cache lives only within a ``generate`` call, so there is none to drop."""
+        cache lives only within a ``generate`` call, so there is none to drop; prepacked
+        weights are dropped (packed again at the next ``generate``)."""
+        if self._prepacked is not None:
+            self._prepacked.drop()
         return self._parked.park()
 
     def wake(self, tags: tuple[str, ...] = WAKE_ALL) -> None:

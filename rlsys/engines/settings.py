@@ -33,7 +33,14 @@ class HFSettings:
     its budget) leaves the batch with its KV cache, instead of ``generate``'s, which decodes
     every row until the longest ends (rlsys/engines/shrinking.py). Same greedy tokens and
     log-probabilities; off for the compiled loop, vision-language models and stop strings
-    (those calls go to ``generate``)."""
+    (those calls go to ``generate``).
+
+    ``prepack`` keeps a CPU engine's linear weights packed in oneDNN's blocked layout, once per
+    weight version, instead of ``F.linear`` reordering them on every call
+    (rlsys/engines/packed_linear.py): decode steps of a few rows gain most. It costs a second
+    copy of the linear weights in memory and a packing pass after each weight load; bf16
+    logits came out bit-equal here, fp32 ones within rounding. Ignored on GPUs, for the
+    compiled loop, and where oneDNN cannot pack the model's dtype on this CPU."""
 
     compile: bool = False
     # torch.compile mode of the decode step; null: "reduce-overhead" on GPUs (CUDA graphs),
@@ -46,11 +53,13 @@ class HFSettings:
     share_prefill: bool = True
     # rows that ended leave the decode batch (rlsys's loop, not transformers' generate)
     shrink_batch: bool = True
+    # CPU: linear weights prepacked for oneDNN once per weight version
+    prepack: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile={self.compile!r} must be true or false")
-        for key in ("share_prefill", "shrink_batch"):
+        for key in ("share_prefill", "shrink_batch", "prepack"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}={getattr(self, key)!r} must be true or false")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
