@@ -86,14 +86,15 @@ class TokenStats(torch.autograd.Function):
         for start in range(0, logits.shape[0], step):
             rows = slice(start, start + step)
             z = _scaled(logits[rows], ctx.temperature)
-            out = torch.zeros_like(z)
-            if grad_entropy is not None:  # h p (E[z] - z)
-                out.sub_(z).add_(expected[rows, None])
+            spread = None if grad_entropy is None else torch.sub(expected[rows, None], z)
             p = _softmax(z, peak[rows], total[rows])
-            if grad_entropy is not None:
-                out.mul_(p).mul_(grad_entropy[rows, None])
-            if grad_logp is not None:  # + g (onehot(t) - p)
-                out.sub_(p.mul_(grad_logp[rows, None]))
+            if spread is None:  # no entropy term: the log-probability's alone, built in p
+                out = p.mul_(-grad_logp[rows, None])
+            else:  # h p (E[z] - z)
+                out = spread.mul_(p).mul_(grad_entropy[rows, None])
+                if grad_logp is not None:
+                    out.sub_(p.mul_(grad_logp[rows, None]))
+            if grad_logp is not None:  # + g onehot(t)
                 out.scatter_add_(-1, targets[rows], grad_logp[rows, None])
             if ctx.temperature != 1.0:
                 out.div_(ctx.temperature)
