@@ -284,7 +284,7 @@ class TrackingConfig:
     sample_table_rows: int = 8  # samples per table, one per prompt in batch order
     # Log the step's rooflines (perf/learner_tflops, perf/mfu, perf/decode_bw_frac,
     # perf/floor_s: docs/roofline.md); the learner ranks measure their matmul peak and copy
-    # bandwidth once at start (about 0.2 s on a CPU, under a second on a GPU)
+    # bandwidth once at start (about 0.3 s on a CPU, under a second on a GPU)
     roofline: bool = True
 
     def __post_init__(self) -> None:

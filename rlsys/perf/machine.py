@@ -3,9 +3,12 @@ peak per dtype, a measured memory copy bandwidth, and GPUs' published peaks.
 
 The measurements run in the calling process with its torch threads (a learner rank measures
 with the threads it trains with), once per process and dtype (cached): a square matmul large
-enough to reach the kernels' peak, timed a few times, the best kept; and a copy of a buffer
-several times a CPU's last-level cache, counted as the bytes read plus the bytes written (as
-STREAM's copy counts them), the best of a few. Under a second on a 2-core CPU.
+enough to reach the kernels' peak, and a copy of a buffer several times a CPU's last-level
+cache, counted as the bytes read plus the bytes written (as STREAM's copy counts them). Each is
+repeated for a fixed time (``_MATMUL_S``, ``_COPY_S``) and its best kept: on a shared 2-core host the best
+of 2 calls of the 1,024-square fp32 matmul read 0.133-0.195 TFLOP/s across six tries a second
+apart, the best of 30 read 0.179-0.195 (docs/roofline.md), and every floor moves with the peak.
+About 0.3 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ PUBLISHED_TFLOPS = {
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}  # sides of the timed square matmul
 _COPY_BYTES = {"cpu": 64 << 20, "cuda": 1 << 30}  # a CPU's: twice its L3, at least
+# each measurement repeats for this long (seconds), its best call kept: the matmul's is the
+# noisier on a shared host (docs/roofline.md); the copy's best moved 5% between tries
+_MATMUL_S = {"cpu": 0.2, "cuda": 0.2}
+_COPY_S = {"cpu": 0.05, "cuda": 0.05}
+_MIN_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -75,37 +83,49 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _best_seconds(fn, device: torch.device, repeats: int) -> float:
-    fn()  # warm-up: kernel selection, allocator, page faults
+def _best_seconds(fn, device: torch.device, budget_s: float) -> float:
+    """The fastest of ``fn``'s calls over ``budget_s`` seconds (at least ``_MIN_REPEATS``),
+    after a warm-up call (kernel selection, allocator, page faults)."""
+    fn()
     _sync(device)
-    best = float("inf")
-    for _ in range(repeats):
+    best, calls = float("inf"), 0
+    start = time.perf_counter()
+    while calls < _MIN_REPEATS or time.perf_counter() - start < budget_s:
         t0 = time.perf_counter()
         fn()
         _sync(device)
-        best = min(best, time.perf_counter() - t0)
+        best, calls = min(best, time.perf_counter() - t0), calls + 1
     return best
 
 
 def matmul_tflops(dtype: str, device: torch.device, size: int | None = None) -> float:
-    """Measured TFLOP/s of a square ``size`` matmul in ``dtype`` on ``device`` (best of a
-    few; 2 x size^3 FLOPs each)."""
+    """Measured TFLOP/s of a square ``size`` matmul in ``dtype`` on ``device`` (its best call;
+    2 x size^3 FLOPs each)."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {sorted(_DTYPES)}")
     n = size or _MATMUL_SIZE.get(device.type, 4096)
     a = torch.randn(n, n, device=device).to(_DTYPES[dtype])
     b = torch.randn(n, n, device=device).to(_DTYPES[dtype])
-    repeats = 2 if device.type == "cpu" else 10
-    return 2.0 * n**3 / _best_seconds(lambda: torch.mm(a, b), device, repeats) / 1e12
+    return (
+        2.0
+        * n**3
+        / _best_seconds(lambda: torch.mm(a, b), device, _MATMUL_S.get(device.type, 0.2))
+        / 1e12
+    )
 
 
 def copy_gbps(device: torch.device, num_bytes: int | None = None) -> float:
     """Measured memory bandwidth in GB/s: one buffer copied into another, the bytes read plus
-    the bytes written over the best time of a few."""
+    the bytes written over its best call's time."""
     size = num_bytes or _COPY_BYTES.get(device.type, 1 << 30)
     src = torch.ones(size, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return 2.0 * size / _best_seconds(lambda: dst.copy_(src), device, 3) / 1e9
+    return (
+        2.0
+        * size
+        / _best_seconds(lambda: dst.copy_(src), device, _COPY_S.get(device.type, 0.1))
+        / 1e9
+    )
 
 
 def published_tflops(device_name: str | None, dtype: str) -> float | None:

@@ -163,6 +163,13 @@ def test_bench_step_prints_its_table_and_json(tmp_path):
     } <= stages.keys()
     parts = sum(r["seconds_mean"] for s, r in stages.items() if s != "step")
     assert parts == pytest.approx(stages["step"]["seconds_mean"], rel=1e-6)
+    # the peak measured again after the steps, and the floor at the higher of the two peaks
+    step = stages["step"]
+    assert step["peak_tflops_after"] > 0 and step["peak_tflops"] > 0
+    higher = max(step["peak_tflops"], step["peak_tflops_after"])
+    assert step["mfu_at_higher_peak"] == pytest.approx(step["mfu"] * step["peak_tflops"] / higher)
+    assert 0 < step["floor_s_at_higher_peak"] <= step["floor_s"]
+    assert "matmul peak measured again after the steps" in result.stdout
 
 
 def test_sft_command_trains_and_exports_a_model(tmp_path):
