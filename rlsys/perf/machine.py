@@ -4,11 +4,11 @@ peak per dtype, a measured memory copy bandwidth, and GPUs' published peaks.
 The measurements run in the calling process with its torch threads (a learner rank measures
 with the threads it trains with), once per process and dtype (cached): a square matmul large
 enough to reach the kernels' peak, and a copy of a buffer several times a CPU's last-level
-cache, counted as the bytes read plus the bytes written (as STREAM's copy counts them). Each is
-repeated for a fixed time (``_MATMUL_S``, ``_COPY_S``) and its best kept: on a shared 2-core host the best
-of 2 calls of the 1,024-square fp32 matmul read 0.133-0.195 TFLOP/s across six tries a second
-apart, the best of 30 read 0.179-0.195 (docs/roofline.md), and every floor moves with the peak.
-About 0.3 s on a 2-core CPU.
+cache, counted as the bytes read plus the bytes written (as STREAM's copy counts them). Each
+repeats for a fixed time (``_MATMUL_S``, ``_COPY_S``) and keeps its fastest call: on a shared
+2-core host the best of 2 calls of the 1,024-square fp32 matmul read 0.133-0.195 TFLOP/s
+across six tries a second apart, the best of 30 read 0.179-0.195 (docs/roofline.md), and every
+floor moves with the peak. About 0.3 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -106,12 +106,8 @@ def matmul_tflops(dtype: str, device: torch.device, size: int | None = None) -> 
     n = size or _MATMUL_SIZE.get(device.type, 4096)
     a = torch.randn(n, n, device=device).to(_DTYPES[dtype])
     b = torch.randn(n, n, device=device).to(_DTYPES[dtype])
-    return (
-        2.0
-        * n**3
-        / _best_seconds(lambda: torch.mm(a, b), device, _MATMUL_S.get(device.type, 0.2))
-        / 1e12
-    )
+    seconds = _best_seconds(lambda: torch.mm(a, b), device, _MATMUL_S.get(device.type, 0.2))
+    return 2.0 * n**3 / seconds / 1e12
 
 
 def copy_gbps(device: torch.device, num_bytes: int | None = None) -> float:
@@ -120,12 +116,8 @@ def copy_gbps(device: torch.device, num_bytes: int | None = None) -> float:
     size = num_bytes or _COPY_BYTES.get(device.type, 1 << 30)
     src = torch.ones(size, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return (
-        2.0
-        * size
-        / _best_seconds(lambda: dst.copy_(src), device, _COPY_S.get(device.type, 0.1))
-        / 1e9
-    )
+    seconds = _best_seconds(lambda: dst.copy_(src), device, _COPY_S.get(device.type, 0.05))
+    return 2.0 * size / seconds / 1e9
 
 
 def published_tflops(device_name: str | None, dtype: str) -> float | None:
