@@ -43,14 +43,13 @@ class PackedLinears:
     def __init__(self, model: torch.nn.Module, rows_hint: int) -> None:
         self.rows_hint = rows_hint  # the batch rows the layout is tuned for
         self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
-        self.weights: dict[int, torch.Tensor] = {}  # id(layer) -> packed weight
-        self.packed = False
+        self.weights: dict[int, torch.Tensor] = {}  # id(layer) -> packed weight; {}: none
         for layer in self.layers:
             layer.forward = self._forward_of(layer)
 
     def _forward_of(self, layer: torch.nn.Linear):
         def forward(x: torch.Tensor) -> torch.Tensor:
-            weight = self.weights.get(id(layer)) if self.packed else None
+            weight = self.weights.get(id(layer))
             if weight is None or x.dtype != layer.weight.dtype or torch.is_grad_enabled():
                 return F.linear(x, layer.weight, layer.bias)
             flat = x.reshape(-1, x.shape[-1])
@@ -58,6 +57,11 @@ class PackedLinears:
             return out.reshape(*x.shape[:-1], out.shape[-1])
 
         return forward
+
+    @property
+    def packed(self) -> bool:
+        """Whether the layers compute from packed weights (until the next ``drop``)."""
+        return bool(self.weights)
 
     def pack(self) -> None:
         """Pack every layer's current weight (a no-op while packed)."""
@@ -68,9 +72,7 @@ class PackedLinears:
             self.weights[id(layer)] = torch.ops.mkldnn._reorder_linear_weight(
                 weight, self.rows_hint
             )
-        self.packed = True
 
     def drop(self) -> None:
         """Forget the packed copies: the weights changed, or their memory is wanted."""
         self.weights.clear()
-        self.packed = False

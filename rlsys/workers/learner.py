@@ -62,11 +62,8 @@ class LearnerWorker:
         the cached figure kept, as a benchmark checks whether the machine slowed)."""
         from rlsys.perf.machine import measure
 
-        return (
-            measure.__wrapped__(dtype, self.device_type)
-            if again
-            else measure(dtype, self.device_type)
-        )
+        fresh = measure.__wrapped__  # functools.cache's undecorated function
+        return (fresh if again else measure)(dtype, self.device_type)
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the process-group rendezvous."""
