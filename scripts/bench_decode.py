@@ -19,11 +19,13 @@ prefill every sample's row, as the engine did before it) and ``compiled`` (a sta
 and ``torch.compile`` of the forward step, ``compile=true``, attending through SDPA as when it
 was first measured), ``shared`` being transformers' ``generate`` loop, which decodes every row
 until the longest ends, ``shrink`` (``shared`` in rlsys's own loop, where a row that ended
-leaves the batch, ``shrink_batch``) and ``prepacked`` (the default now: ``shrink`` with the
+leaves the batch, ``shrink_batch``), ``prepacked`` (the default now: ``shrink`` with the
 linear weights packed for oneDNN once per weight version, ``prepack``; every other variant
-multiplies by the plain weights, as the engine did when it was measured). Each engine's first
-two calls of
-each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
+multiplies by the plain weights, as the engine did when it was measured; since 2026-11-30 the
+default also prefills the head its distinct prompts share once, rlsys/engines/prefill.py,
+and so do ``shared`` and ``shrink``) and ``unshared`` (``prepacked`` with every row's prompt
+prefilled whole: ``share_prefill`` off, against which the default's prefill shows). Each
+engine's first two calls of each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
 the second call with a static cache of the final size can still recompile). Then
 ``--repeats`` rounds run the variants in turn (the order rotates each round, so drift on a
 shared machine falls on all); per workload it prints each variant's median seconds and
@@ -59,6 +61,7 @@ VARIANTS = {
     "shared": {"decode_attention": "matmul", "shrink_batch": False, **PLAIN},
     "shrink": {"decode_attention": "matmul", **PLAIN},  # rows that ended leave the batch
     "prepacked": {"decode_attention": "matmul"},  # the default: shrink, weights prepacked
+    "unshared": {"decode_attention": "matmul", "share_prefill": False},  # every row prefilled
 }
 
 

@@ -47,7 +47,8 @@ class RolloutConfig:
     # (rlsys/engines/__init__.py; docs/extending.md); an engine added in a plugin takes all
     # of its settings here. The built-in hf engine's: {compile: true} decodes with a static
     # KV cache and a torch.compile'd step; decode_attention: auto|matmul|sdpa, how a decode
-    # step attends; share_prefill: true (default) prefills a prompt once for its n samples;
+    # step attends; share_prefill: true (default) prefills a prompt once for its n samples
+    # and the prompts' common head (a chat template's system turn) once for all of them;
     # shrink_batch: true (default) drops rows that ended from the decode batch; prepack:
     # true (default) keeps a CPU engine's linear weights packed for oneDNN once per weight
     # version (rlsys/engines/settings.py); vllm reads rollout.vllm.

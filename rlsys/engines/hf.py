@@ -16,6 +16,7 @@ from rlsys.config.schema import RolloutConfig
 from rlsys.engines.base import WAKE_ALL
 from rlsys.engines.offload import ParkedWeights
 from rlsys.engines.packed_linear import PackedLinears, can_prepack
+from rlsys.engines.prefill import lay_out, shared_prefill
 from rlsys.engines.settings import HFSettings
 from rlsys.engines.shrinking import shrinking_decode
 from rlsys.models.attention import use_decode_matmul
@@ -182,7 +183,12 @@ class HFEngine:
         self.suppress = vision_token_ids(self.model.config)  # [] for a text model
         # not for the compiled loop (its static cache cannot start from a prefilled dynamic
         # one) nor a vision-language model (its rotary positions come from its own inputs)
-        self._share_prefill = own.share_prefill and not self._compiled and not self.suppress
+        self._share_prefill = (
+            own.share_prefill
+            and not self._compiled
+            and not self.suppress
+            and self.model._supports_default_dynamic_cache()
+        )
         # the same exclusions, and a model that decodes from transformers' dynamic cache
         self._shrink = (
             own.shrink_batch
@@ -238,12 +244,13 @@ class HFEngine:
     def _generate_batch(self, rows: list[tuple], sampling: SamplingParams):
         prompts = [p for p, _, _ in rows]
         budgets = [b for _, b, _ in rows]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
+        if self._share_prefill:
+            ids, mask, cache = shared_prefill(
+                self.model, prompts, self.pad_id, self.device, self._one_logit
+            )
+        else:
+            (ids, mask), cache = lay_out(prompts, self.pad_id), None
+        prefilled = {"past_key_values": cache} if cache is not None else {}
         sampler = _Sampler(
             sampling.temperature,
             sampling.top_p,
@@ -252,7 +259,6 @@ class HFEngine:
             sampling.top_logprobs,
         )
         stop_ids = self.eos_ids | set(sampling.stop_token_ids)
-        prefilled = self._prefill_once(ids, mask, prompts) if self._share_prefill else {}
         if self._shrink and not sampling.stop:
             decoded = shrinking_decode(
                 self.model,
@@ -262,7 +268,7 @@ class HFEngine:
                 sampler.pick,
                 stop_ids,
                 self._aborting,
-                prefilled.get("past_key_values"),
+                cache,
                 self._one_logit,
             )
             new_tokens, logprobs, top = decoded.tokens, decoded.logprobs, decoded.top
@@ -330,34 +336,6 @@ class HFEngine:
         logprobs = torch.stack(sampler.logprobs, dim=1).cpu()[:, : new_tokens.shape[1]]
         top = _top_pairs(sampler.top, new_tokens.shape[1]) if sampler.top else None
         return new_tokens.tolist(), logprobs.tolist(), top
-
-    def _prefill_once(self, ids: torch.Tensor, mask: torch.Tensor, prompts: list) -> dict:
-        """``generate`` arguments that start it from a KV cache holding every row's prompt but
-        its last token, each distinct prompt prefilled once (the ``n`` samples of a prompt are
-        adjacent rows); ``generate`` then runs only the last prompt token and the decode steps.
-        {} when no two adjacent rows share a prompt, the prompt is one token, or the model does
-        not decode from transformers' default dynamic cache."""
-        starts = [i == 0 or p != prompts[i - 1] for i, p in enumerate(prompts)]
-        if all(starts) or ids.shape[1] < 2 or not self.model._supports_default_dynamic_cache():
-            return {}
-        from transformers import DynamicCache
-
-        first = [i for i, start in enumerate(starts) if start]
-        owner = torch.tensor(starts).cumsum(0) - 1  # row -> its prompt's prefilled row
-        head_ids, head_mask = ids[first, :-1].to(self.device), mask[first, :-1].to(self.device)
-        # generate's own position ids: counted over the real tokens of a left-padded row
-        positions = (head_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        self.model(
-            input_ids=head_ids,
-            attention_mask=head_mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            **self._one_logit,  # the logits go unused: the lm-head on one position, not all
-        )
-        cache.batch_select_indices(owner.to(self.device))  # each row a copy of its prompt's
-        return {"past_key_values": cache}
 
     def _stop_string_ends(self, new_tokens: list[list[int]], stop: list[str]) -> list[int | None]:
         """Per row, the token count up to and including the first stop-string match."""

@@ -26,8 +26,10 @@ class HFSettings:
 
     ``share_prefill`` runs a prompt's prefill once for all its ``n`` samples and copies the KV
     cache to each sample's row, where ``generate`` would otherwise prefill the same prompt ``n``
-    times. Same tokens and log-probabilities up to the dtype's rounding (fp32: equal to 1e-5);
-    off for the compiled loop (its static cache) and for vision-language models.
+    times; the head that a micro-batch's distinct prompts share (a chat template's system
+    turn) is prefilled once for all of them (rlsys/engines/prefill.py). Same tokens and
+    log-probabilities up to the dtype's rounding (fp32: equal to 1e-5); off for the compiled
+    loop (its static cache) and for vision-language models.
 
     ``shrink_batch`` decodes in rlsys's own loop, where a row that has ended (a stop token or
     its budget) leaves the batch with its KV cache, instead of ``generate``'s, which decodes
@@ -49,7 +51,8 @@ class HFSettings:
     # attention of a decode step (one query token) in an SDPA model: matmul (two matmuls,
     # rlsys/models/attention.py), sdpa (torch's kernel), auto: matmul on CPUs, sdpa on GPUs
     decode_attention: str = "auto"
-    # prefill each prompt once for its n samples (the KV cache copied to each sample's row)
+    # prefill each prompt once for its n samples (the KV cache copied to each sample's row),
+    # and the head all the prompts of a micro-batch share once for all of them
     share_prefill: bool = True
     # rows that ended leave the decode batch (rlsys's loop, not transformers' generate)
     shrink_batch: bool = True

@@ -149,5 +149,18 @@ def test_controller_roofline_metrics():
     shared.observe(batch)
     out = shared.add({"time/generation": 1.0, "time/train": 1.0, "perf/step_s": 1.0})
     assert out["perf/learner_tflops"] == pytest.approx(3 * generation / 1e12)
+    # two prompts that share their first two tokens (a chat template's head): the engines
+    # prefill those once for both
+    batch = TrainBatch(
+        input_ids=np.array([[5, 6, 7, 20, 21], [5, 6, 8, 22, 0]]),
+        attention_mask=np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
+        loss_mask=np.array([[0, 0, 1, 1], [0, 0, 1, 0]], dtype=np.float32),
+        behaviour_logprobs=np.zeros((2, 4), dtype=np.float32),
+    )
+    roofline.observe(batch)
+    out = roofline.add({"time/generation": 1.0, "time/train": 1.0, "perf/step_s": 1.0})
+    apart = generation_flops(shape, [3, 3], [(3, 5), (3, 4)], 3)
+    headed = apart - forward_flops(shape, [2], 0)
+    assert out["perf/floor_generation_s"] == pytest.approx(headed / 2e12)
     # a step without a batch: no learner figures
     assert "perf/mfu" not in roofline.add({"perf/step_s": 1.0})

@@ -1,6 +1,7 @@
-"""The HF engine prefills a prompt once for its ``n`` samples (``rollout.engine_args.share_prefill``,
-on by default): the same replies and log-probabilities as prefilling every sample's row, with
-one prefill row per distinct prompt."""
+"""The HF engine prefills a prompt once for its ``n`` samples, and the head its prompts share once
+for all of them (``rollout.engine_args.share_prefill``, on by default): the same replies and
+log-probabilities as prefilling every sample's row, with one prefill row per distinct prompt
+and one for the common head."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from rlsys.config.schema import RolloutConfig
 from rlsys.engines.hf import HFEngine
+from rlsys.engines.prefill import common_head, lay_out
 from rlsys.engines.settings import HFSettings
 from rlsys.types import SamplingParams
 
@@ -33,9 +35,24 @@ def prompts(tiny_model_dir):
     return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
+@pytest.fixture(scope="module")
+def headed(tiny_model_dir):
+    """Prompts that share a head of 5 tokens, as a chat template's prompts share its system
+    turn, with remainders of different lengths."""
+    from rlsys.models.loading import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    texts = ["sum: 12+7=", "sum: 3+4=", "sum: 65+28=", "sum: 9+90="]
+    return [tok.encode(t, add_special_tokens=False) for t in texts]
+
+
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
-def test_shared_prefill_generates_what_per_row_prefill_does(engines, prompts, greedy):
+@pytest.mark.parametrize("which", ["distinct", "headed"])
+def test_shared_prefill_generates_what_per_row_prefill_does(
+    engines, prompts, headed, greedy, which
+):
     shared, per_row = engines
+    prompts = headed if which == "headed" else prompts
     sampling = SamplingParams(n=3, greedy=greedy, temperature=1.0, max_new_tokens=8, seed=11)
     budgets = [8, 3, 8, 5]  # a shorter budget than the micro-batch's longest
     got = [c for g in shared.generate(prompts, sampling, budgets) for c in g]
@@ -73,6 +90,34 @@ def test_each_distinct_prompt_is_prefilled_once(engines, prompts):
     # micro-batch 1: prefill of 3 distinct prompts, then generate's own two steps
     assert seen["shared"][:3] == [(3, width - 1), (7, 1), (7, 1)]
     assert seen["per_row"][0] == (7, width)  # every row prefilled
+
+
+def test_a_common_head_is_prefilled_once_for_every_prompt(engines, headed):
+    """One forward of the head in one row, one of the distinct remainders but their last
+    tokens (left-padded after the head), then the decode steps one token a row."""
+    shared, _ = engines
+    head = common_head(headed)
+    assert head == 5
+    seen: list[tuple[int, int]] = []
+    hook = shared.model.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        shared.generate(headed, SamplingParams(n=3, greedy=True, max_new_tokens=2))
+    finally:
+        hook.remove()
+    remainder = max(len(p) for p in headed[:3]) - head  # micro-batch 1: prompts 0, 1, 2
+    assert seen[:4] == [(1, head), (3, remainder - 1), (7, 1), (7, 1)]
+
+
+def test_the_layout_keeps_the_head_in_place_and_pads_the_remainders():
+    ids, mask = lay_out([[5, 6, 7, 8], [5, 6, 9], [5, 6, 7, 1, 2]], pad_id=0, head=2)
+    assert ids.tolist() == [[5, 6, 0, 7, 8], [5, 6, 0, 0, 9], [5, 6, 7, 1, 2]]
+    assert mask.tolist() == [[1, 1, 0, 1, 1], [1, 1, 0, 0, 1], [1, 1, 1, 1, 1]]
+    assert common_head([[5, 6, 7, 8], [5, 6, 9], [5, 6, 7, 1, 2]]) == 2
+    assert common_head([[5, 6, 7], [5, 6, 7]]) == 2  # each keeps its last token
+    assert common_head([[1, 2], [3, 4]]) == 0
+    assert lay_out([[1, 2], [3]], pad_id=9)[0].tolist() == [[1, 2], [9, 3]]  # left padding
 
 
 def test_share_prefill_is_a_checked_engine_setting():

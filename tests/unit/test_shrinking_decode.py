@@ -40,8 +40,21 @@ def _stop_token(engine: HFEngine, prompts, sampling: SamplingParams) -> int:
     return max((n, t) for t, n in counts.items() if n < len(replies))[1]
 
 
-@pytest.mark.parametrize("share", [True, False], ids=["shared-prefill", "per-row-prefill"])
-def test_greedy_replies_equal_generates(tiny_model_dir, prompts, share):
+@pytest.mark.parametrize(
+    "share, head",
+    [(True, ""), (False, ""), (True, "sum: ")],
+    ids=["shared-prefill", "per-row-prefill", "shared-head"],
+)
+def test_greedy_replies_equal_generates(tiny_model_dir, prompts, share, head):
+    """``shared-head``: the prompts share a head, laid out before their padded remainders,
+    in both loops (``generate`` from the prefilled cache too)."""
+    from rlsys.models.loading import load_tokenizer
+
+    prompts = (
+        [load_tokenizer(tiny_model_dir).encode(head, add_special_tokens=False) + p for p in prompts]
+        if head
+        else prompts
+    )
     shrinking, generating = _engine(tiny_model_dir, True, share), _engine(tiny_model_dir, False)
     sampling = SamplingParams(n=3, greedy=True, max_new_tokens=10)
     sampling.stop_token_ids = [_stop_token(generating, prompts, sampling)]

@@ -13,6 +13,7 @@ import numpy as np
 
 from rlsys.backends.packing import PackInputs
 from rlsys.config.schema import TrainConfig
+from rlsys.engines.prefill import common_head
 from rlsys.perf.flops import ModelShape, decode_weight_bytes, forward_flops, generation_flops
 from rlsys.perf.machine import MachinePeak
 from rlsys.perf.roofline import StepWork, floor_seconds
@@ -83,9 +84,15 @@ class Roofline:
             prompt = int(pack.prompt_lengths[unit[0]])
             return generation_flops(self.shape, [prompt], [(prompt, lengths[r]) for r in unit], 0)
 
-        # the engines prefill each distinct prompt once; the learner as its plan packs
+        # the engines prefill each distinct prompt once, the head they all share once
+        # (rlsys/engines/prefill.py); the learner as its plan packs
         groups = [rows[pack.prompts == k] for k in np.unique(pack.prompts)]
-        self._generation = sum(once(g) for g in groups) + heads
+        ids = np.asarray(batch.input_ids)
+        shared = common_head(
+            [ids[g[0]][mask[g[0]] > 0][: pack.prompt_lengths[g[0]]].tolist() for g in groups]
+        )
+        again = (len(groups) - 1) * forward_flops(self.shape, [shared], 0) if shared else 0.0
+        self._generation = sum(once(g) for g in groups) - again + heads
 
         def learner(kept: np.ndarray) -> float:  # as the learner's plan packs the rows
             units = pack.units(kept, 1, mask.shape[1]) if self.share_prompts else kept[:, None]
