@@ -17,21 +17,28 @@ padding.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 def common_head(prompts: list[list[int]]) -> int:
     """How many leading tokens all ``prompts`` share, leaving each at least its last token."""
     if not prompts:
         return 0
-    shortest = min(len(p) for p in prompts)
-    head = 0
-    while head < shortest - 1 and all(p[head] == prompts[0][head] for p in prompts):
+    first, last = min(prompts), max(prompts)  # every prompt's head is theirs (lexical order)
+    limit, head = min(len(p) for p in prompts) - 1, 0
+    while head < limit and first[head] == last[head]:
         head += 1
     return head
 
 
-def lay_out(prompts: list[list[int]], pad_id: int, head: int = 0) -> tuple[torch.Tensor, ...]:
+def lay_out(
+    prompts: list[list[int]], pad_id: int, head: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask), each (rows, head + longest remainder): the first ``head`` tokens
     (shared by every prompt) in place, each prompt's remainder left-padded after them."""
     width = max(len(p) for p in prompts) - head
@@ -52,7 +59,7 @@ def shared_prefill(
     pad_id: int,
     device: torch.device,
     forward_args: dict,
-):
+) -> tuple[torch.Tensor, torch.Tensor, DynamicCache | None]:
     """(ids, mask, cache): the rows of ``prompts`` laid out around their common head and a
     transformers dynamic KV cache holding every row's prompt but its last token, each shared
     token computed once (see the module docstring); cache None, with plain left padding, when
