@@ -37,7 +37,11 @@ def _same(got, want, atol: float) -> None:
 def test_packed_replies_equal_plain_ones(tiny_model_dir, dtype):
     packed, plain = _engine(tiny_model_dir, dtype, True), _engine(tiny_model_dir, dtype, False)
     if not can_prepack(plain.model):
-        pytest.skip(f"oneDNN cannot pack {dtype} on this CPU")
+        # oneDNN cannot pack this dtype here (bfloat16 on a CPU without avx512_bf16, such as
+        # a Zen 3 EPYC): the engine asked to prepack declines and runs F.linear, same replies
+        assert packed._prepacked is None
+        _same(_replies(packed), _replies(plain), 0)
+        return
     assert packed._prepacked is not None and plain._prepacked is None
     atol = 1e-5 if dtype == "float32" else 0.02
     _same(_replies(packed), _replies(plain), atol)  # greedy

@@ -68,8 +68,10 @@ def _assert_same(got, want):
     for a, b in zip(got[:3], want[:3], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert got[3].keys() == want[3].keys() and len(want[3]) > 0
+    # The head's weight gradient is summed slice by slice, in another order than one matmul
+    # sums it: a tied embedding's entries (up to ~12) differed by 2.9e-6 on a Zen 3 EPYC (AVX2)
     for name, grad in want[3].items():
-        torch.testing.assert_close(got[3][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(got[3][name], grad, atol=1e-5, rtol=1e-5, msg=name)
 
 
 class HeadSpy:
