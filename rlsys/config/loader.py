@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 import re
@@ -155,11 +156,18 @@ def _dict_fields(node: DictConfig, prefix: str = "") -> list[str]:
     return keys
 
 
+@functools.cache
+def _schema_dict_fields() -> tuple[str, ...]:
+    """The schema's dict fields, found once per process (building the schema's node tree took
+    a third of a ``load_config``: 0.33 of 0.96 s)."""
+    return tuple(_dict_fields(OmegaConf.structured(TrainConfig)))
+
+
 def _open_dicts(overrides: list[str]) -> list[str]:
     """``key={a:1}`` and ``key.a=1`` -> ``++key={a:1}`` / ``++key.a=1`` for the schema's dict
     fields: Hydra merges a dict override into the field, and struct mode refuses keys the
     default lacks; ``++`` lets the user's keys in (their values are still type-checked)."""
-    fields = _dict_fields(OmegaConf.structured(TrainConfig))
+    fields = _schema_dict_fields()
 
     def in_dict(key: str) -> bool:
         return any(key == f or key.startswith(f"{f}.") for f in fields)
