@@ -148,26 +148,33 @@ def tiny_vl_dir() -> str:
 
 
 @contextlib.contextmanager
-def _dashboard_agent_on_a_free_port():
-    """Start the Ray of a ``ray.init`` inside with its dashboard agent on a free port.
+def _lean_session_ray():
+    """Start the Ray of a ``ray.init`` inside with its dashboard agent on a free port and no
+    log monitor; ``ray.init`` has an argument for neither (both are RayParams fields only).
 
-    Every local Ray's agent listens on 52365 by default, and ``ray.init`` has no argument to
-    change it. While the session's Ray held that port, each ``rlsys train`` the suite starts in
-    a subprocess waited for its own agent to give up binding it (five retries, about 3.3 s)
-    before the raylet came up: 3-4 s of each of the suite's subprocess runs (measured
-    2026-11-29: ``ray.init`` 7.1-8.5 s beside a Ray holding the port, 3.0-5.1 s with it free)."""
-    from ray._private import parameter  # private: the port is a RayParams field only
+    Every local Ray's agent listens on 52365 by default. While the session's Ray held that
+    port, each ``rlsys train`` the suite starts in a subprocess waited for its own agent to
+    give up binding it (five retries, about 3.3 s) before the raylet came up: 3-4 s of each of
+    the suite's subprocess runs (measured 2026-11-29: ``ray.init`` 7.1-8.5 s beside a Ray
+    holding the port, 3.0-5.1 s with it free).
+
+    The log monitor forwards workers' output to a driver that asks for it, and this one does
+    not (``log_to_driver=False``); yet it rescans every log file the session's workers left,
+    so its cost grows with each actor the suite starts: 94 s of CPU over the first 37 minutes
+    of a CI run (2026-12-02, a 2-core Zen 3 EPYC), and 4% of a core at idle after 40 actors."""
+    from ray._private import parameter  # private: these are RayParams fields only
 
     init = parameter.RayParams.__init__
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
 
-    def init_on_free_port(self, *args, **kwargs):
+    def init_lean(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.dashboard_agent_listen_port = port
+        self.include_log_monitor = False
 
-    parameter.RayParams.__init__ = init_on_free_port
+    parameter.RayParams.__init__ = init_lean
     try:
         yield
     finally:
@@ -177,11 +184,11 @@ def _dashboard_agent_on_a_free_port():
 @pytest.fixture(scope="session")
 def ray_cpu():
     """A local Ray with 2 CPUs for the whole session (its dashboard agent off Ray's default
-    port, which the suite's subprocess runs then find free)."""
+    port, which the suite's subprocess runs then find free, and no log monitor)."""
     import ray
 
     if not ray.is_initialized():
-        with _dashboard_agent_on_a_free_port():
+        with _lean_session_ray():
             ray.init(
                 num_cpus=2,
                 include_dashboard=False,
