@@ -46,6 +46,12 @@ def _import_deepspeed(device: torch.device):
     from deepspeed.utils import logger
 
     logger.setLevel(logging.WARNING)
+    if device.type == "cpu":
+        # DeepSpeed's CPU communication layer JIT-builds its shared-memory all-reduce op on
+        # first use (~30 s of C++ per machine, a compiler required), which only its inference
+        # all-reduce (tensor-parallel inference) calls; ZeRO trains on torch.distributed's
+        # collectives. Marked incompatible, so init_distributed skips the build.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
     return deepspeed
 

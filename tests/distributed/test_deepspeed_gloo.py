@@ -39,6 +39,10 @@ def _train(rank, world_size, model_dir, kinds):
                 "state": {k: v.clone() for b in buckets for k, v in b.items()},
                 "sizes": [sum(t.numel() * t.element_size() for t in b.values()) for b in buckets],
             }
+    if kinds[0] != "fsdp2":  # DeepSpeed's shm all-reduce op, only for inference: never built
+        from deepspeed.comm import comm
+
+        out["shm_op_built"] = comm.cdb.shm_comm_op is not None
     return out
 
 
@@ -73,6 +77,7 @@ def test_deepspeed_two_ranks_train_exactly_like_one_and_like_fsdp(tiny_model_dir
     from rlsys.models.loading import load_model
 
     before = load_model(tiny_model_dir).state_dict()
+    assert not one["shm_op_built"] and not two[0]["shm_op_built"]
     for role in OBJECTIVES:
         key = (kind, role)
         np.testing.assert_allclose(_gather_rows([one], key), _gather_rows(two, key), atol=1e-5)

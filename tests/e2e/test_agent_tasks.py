@@ -28,6 +28,7 @@ SHORT_RUN = [
     "rollout.n_samples=2",
     "algorithm.filter_uniform_groups=false",
     "checkpoint.every=0",
+    "learner.world_size=1",  # the tools are the subject, not the sharding
 ]
 
 

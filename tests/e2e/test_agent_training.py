@@ -34,6 +34,7 @@ RUN = [
     f"rollout.n_samples={N}",
     "algorithm.filter_uniform_groups=false",
     "checkpoint.every=0",
+    "learner.world_size=1",  # the agent and its endpoint are the subject, not the sharding
 ]
 
 

@@ -17,6 +17,7 @@ SMALL = [
     "data.batch_size=4",
     "rollout.n_samples=4",
     "rollout.num_cpus_per_worker=1",
+    "learner.world_size=1",  # the presets' losses and sampling are the subject, not sharding
     "task.reward=digit_fraction",
 ]
 # What each preset must show in its step metrics besides the common ones.

@@ -95,6 +95,7 @@ TREE_RUN = [
     "rollout.num_cpus_per_worker=1",
     "algorithm.filter_uniform_groups=false",
     "task.reward=digit_fraction",
+    "learner.world_size=1",  # the test above runs 2 ranks; here the rollouts are the subject
 ]
 
 

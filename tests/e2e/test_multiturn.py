@@ -27,6 +27,7 @@ def test_guess_number_trains_on_multi_turn_trajectories_with_gigpo(run_controlle
             "rollout.n_samples=4",
             "algorithm.filter_uniform_groups=false",
             "checkpoint.every=0",
+            "learner.world_size=1",
         ]
     )
     assert summary["steps"] == 2 and summary["samples"] == 2 * 4 * 4

@@ -245,6 +245,7 @@ def test_ctrl_c_to_rlsys_train_checkpoints_exits_130_and_resume_auto_finishes(tm
         f"run.output_dir={tmp_path}",
         "run.name=ctrl-c",
         *[o for o in COMMON if not o.startswith(("task.reward", "trainer.total_steps"))],
+        "learner.world_size=1",  # the signal is the subject: 2 ranks resume in the test above
         "trainer.total_steps=8",
         "checkpoint.every=2",
     ]
@@ -306,6 +307,7 @@ def test_async_ppo_run_resumes_with_its_queued_groups_and_critic(ray_cpu, tmp_pa
         "buffer.max_staleness=2",
         "trainer.total_steps=6",
         "checkpoint.every=2",
+        "learner.world_size=1",  # the queue and the critic are the subject, not the sharding
     ]
     stopped, _, _ = _train(tmp_path, "async", extra, stop_after=2)
     assert stopped["preempted"]

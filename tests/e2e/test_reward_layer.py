@@ -21,6 +21,7 @@ FAST = [
     "algorithm.filter_uniform_groups=false",
     "checkpoint.every=0",
     "rollout.num_cpus_per_worker=1",  # room beside the learner for the reward actors
+    "learner.world_size=1",  # the reward layer is the subject, not the sharding
 ]
 
 

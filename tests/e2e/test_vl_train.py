@@ -33,7 +33,10 @@ SMALL = [
 
 
 def test_train_tiny_vl_on_shapes_for_two_steps(run_controller):
-    summary, steps = run_controller([*SMALL, "trainer.total_steps=2", "algorithm.kl_coef=0.05"])
+    # one learner rank: the sync test below trains the model on 2 ranks
+    summary, steps = run_controller(
+        [*SMALL, "trainer.total_steps=2", "algorithm.kl_coef=0.05", "learner.world_size=1"]
+    )
     assert summary["steps"] == 2 and summary["policy_version"] == 2
     assert summary["samples"] == 2 * 4 * 4
     assert summary["accounting"]["balanced"]
@@ -84,6 +87,7 @@ def test_saved_qwen2_vl_directory_loads_by_path(run_controller, tmp_path):
     path = save_tiny_vl(ModelConfig(path="builtin:tiny-vl"), tmp_path / "qwen2-vl", seed=1)
     summary, steps = run_controller(
         [*SMALL, f"model.path={path}", "trainer.total_steps=1", "trainer.eval_every=0"]
+        + ["learner.world_size=1"]
     )
     assert summary["steps"] == 1 and summary["policy_version"] == 1
     assert steps[0]["rollout/response_tokens"] > 0 and np.isfinite(steps[0]["train/loss"])
