@@ -33,26 +33,19 @@ this step's training (one-step-off); more is fully asynchronous.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from rlsys.algorithms.estimators import ADVANTAGES
 from rlsys.algorithms.recipe import Recipe
 from rlsys.algorithms.traits import uses_critic
-from rlsys.buffer.replay import ReplayStore
-from rlsys.buffer.streaming import StreamingBuffer, has_reward_variance
 from rlsys.checkpoint.store import CheckpointStore
 from rlsys.config.elastic import RESIZABLE_GROUPS
 from rlsys.config.schema import TrainConfig
 from rlsys.data.collate import samples_to_batch
-from rlsys.data.sampler import PromptSampler, make_sampler
 from rlsys.data.tasks import TaskSplits
-from rlsys.models.loading import end_token_ids
-from rlsys.pipeline import Pipeline, RolloutSide, ScoringSide
 from rlsys.run.tracking import Tracker
 from rlsys.trainers.collector import RolloutCollector
 from rlsys.trainers.rl.evaluation import HeldOut
@@ -62,6 +55,7 @@ from rlsys.trainers.rl.learner_scaling import LearnerScaler
 from rlsys.trainers.rl.recovery import Recovery
 from rlsys.trainers.rl.rollout_metrics import rollout_metrics
 from rlsys.trainers.rl.roofline import Roofline
+from rlsys.trainers.rl.run_parts import RunParts
 from rlsys.trainers.rl.run_summary import run_summary
 from rlsys.trainers.rl.sample_metrics import sample_rows
 from rlsys.trainers.rl.scale_requests import ScalePlan, live_check
@@ -126,7 +120,19 @@ class Controller:
         )
         self.pad_id = tokenizer.pad_token_id
         self.preempt = threading.Event()  # set (by a SIGTERM handler): checkpoint and stop
-        self.state = RunState(*self._fresh_parts())
+        self.parts = RunParts(
+            cfg,
+            task.train,
+            pools,
+            self.collector,
+            self.sampling,
+            self.recipe.shape_rewards,
+            self._reference_logprobs if algo.uses_reference else None,
+            # late-bound: Recovery is built on the state these parts go into
+            replace_worker=lambda worker, exc: self.recovery.replace_rollout_worker(worker, exc),
+            pad_id=self.pad_id,
+        )
+        self.state = RunState(*self.parts.build())
         self.handover = MemoryHandover(pools, self.state, cfg.engines_sleep)
         self.updates = LearnerUpdates(cfg, pools, self.state, self.recipe, checkpoints)
         self.scale_plan = ScalePlan(
@@ -151,7 +157,7 @@ class Controller:
             collector=self.collector,
             scaler=self.scaler,
             run_info=self.run_info,
-            reset=lambda: self.state.reset(*self._fresh_parts()),
+            reset=lambda: self.state.reset(*self.parts.build()),
             new_learners=self.updates.set_learning_rates,
         )
         self.learner_scaler = LearnerScaler(
@@ -159,59 +165,6 @@ class Controller:
         )
         self.updates.set_learning_rates()
         self.roofline = Roofline.for_run(cfg, pools) if cfg.tracking.roofline else None
-
-    def _fresh_parts(self) -> tuple[StreamingBuffer, PromptSampler, Pipeline]:
-        """A run's fresh buffer, prompt sampler and pipeline of loops (for a new ``RunState``
-        or a ``reset`` before a checkpoint loads)."""
-        cfg, algo = self.cfg, self.cfg.algorithm
-        budget = cfg.trainer.max_samples
-        greedy_baseline = ADVANTAGES.trait(algo.advantage, "greedy_baseline")
-        # every generated reply counts against the budget, ReMax's greedy one per prompt too
-        replies_per_group = cfg.rollout.n_samples + int(greedy_baseline)
-        buffer = StreamingBuffer(
-            cfg.data.batch_size,
-            cfg.rollout.n_samples,
-            cfg.buffer.max_staleness,
-            has_reward_variance if algo.filter_uniform_groups else None,
-            draw_rounds=algo.max_sampling_rounds if algo.dynamic_sampling else 1,
-            max_groups=None if budget is None else math.ceil(budget / replies_per_group),
-            max_steps=cfg.trainer.total_steps,
-        )
-        sampler = make_sampler(cfg.data, self.task.train, cfg.rollout.n_samples, cfg.run.seed)
-        rollout = RolloutSide(
-            self.collector.encode,
-            self.pools.rollout.generate_on,
-            self.pools.rollout.abort,
-            len(self.pools.rollout.workers),
-            self.collector.build_groups,
-            self.sampling,
-            prompts_per_request=cfg.rollout.prompts_per_request,
-            seed=cfg.run.seed * 1_000_003,
-            greedy_baseline=greedy_baseline,
-            partial=cfg.rollout.partial_rollouts,
-            # late-bound: Recovery is built on the state these parts go into
-            replace_worker=lambda worker, exc: self.recovery.replace_rollout_worker(worker, exc),
-            episodes=self.collector.episodes,
-            tree=cfg.rollout.tree if cfg.rollout.tree.enabled else None,
-            end_ids=self._end_ids(),
-        )
-        scoring = ScoringSide(
-            self.collector.score,
-            self.recipe.shape_rewards,
-            self._reference_logprobs if self.cfg.algorithm.uses_reference else None,
-            self.pad_id,
-            ReplayStore(cfg.buffer.replay) if cfg.buffer.replay.enabled else None,
-        )
-        return buffer, sampler, Pipeline(buffer, sampler, rollout, scoring)
-
-    def _end_ids(self) -> frozenset[int]:
-        """Tokens that end a reply, for iid tree rollouts (a reply that branches off onto one
-        ends there): the engines' EOS ids and ``rollout.stop_token_ids``."""
-        tree = self.cfg.rollout.tree
-        if not (tree.enabled and tree.mode == "iid"):
-            return frozenset()
-        eos = end_token_ids(self.pools.rollout.model_path, self.collector.tokenizer)
-        return frozenset([*eos, *self.cfg.rollout.stop_token_ids])
 
     # ---- the algorithm -------------------------------------------------------------------
 
