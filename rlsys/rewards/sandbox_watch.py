@@ -47,13 +47,20 @@ def watch(pid: int, limits: dict, work: str, sized: bool) -> tuple[int, str | No
         # ascending: a parent (older, lower pid) is read before the children it may reap
         pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit() and name != "1")
         procs = _read_processes(pids)
-        if poll % _FILES_EVERY == 0:
-            files.count(pids)
         anon = sum(p.anon for p in procs.values())
         shmem = sum(p.shmem for p in procs.values())
+        # count now if the host's shared memory grew by enough since the last count to put the
+        # sandbox past its limit: memory in files that nothing maps resident (a memfd with one
+        # page mapped) grows faster than one count every _FILES_EVERY polls sees
+        counted = poll % _FILES_EVERY == 0 or (
+            anon + files.beside(shmem) + files.grown() > memory_limit
+        )
+        if counted:
+            files.count(pids)
         exceeded = None
         if anon + files.beside(shmem) > memory_limit:
-            files.count(pids)  # confirm with exact figures before killing
+            if not counted:
+                files.count(pids)  # confirm with exact figures before killing
             if _proportional(pids, files.sized) + files.held > memory_limit:
                 exceeded = "memory"
         # confirmed by a second read: a child read just before its parent reaped it counts
@@ -197,6 +204,13 @@ class _Files:
             os.close(fd)
             self.maps_device = b"%02x:%02x" % (os.major(self.device), os.minor(self.device))
         self.sized = sized
+        self.host_shmem = _host_shmem()  # at the last count
+
+    def grown(self) -> int:
+        """Bytes the host's shared memory (memfds, SysV, tmpfs) gained since the last count:
+        cheap, and an upper bound on what the sandbox put in files since, unless the host freed
+        some meanwhile (the next periodic count then sees it)."""
+        return max(0, _host_shmem() - self.host_shmem)
 
     def beside(self, shmem: int) -> int:
         """Held in files, given ``shmem`` resident bytes of shared memory mapped now: a cheap
@@ -205,6 +219,7 @@ class _Files:
 
     def count(self, pids: list[int]) -> None:
         """Count now (costlier: every descriptor, every mapping on the shared memory device)."""
+        self.host_shmem = _host_shmem()  # before the count: what grows during it shows next
         files: dict[tuple[bool, int], int] = {}  # (SysV?, inode) -> bytes
         for pid in pids:
             self._descriptors(pid, files)
@@ -252,6 +267,18 @@ class _Files:
                 except OSError:
                     continue  # unmapped meanwhile
                 files[key] = st.st_blocks * 512
+
+
+def _host_shmem() -> int:
+    """The host's shared memory in bytes (``Shmem`` of /proc/meminfo, which no namespace
+    scopes); 0 if unreadable (then only the periodic count sees memory in files)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            meminfo = f.read()
+        start = meminfo.index(b"\nShmem:") + 7
+        return int(meminfo[start : meminfo.index(b"kB", start)]) * 1024
+    except (OSError, ValueError):
+        return 0
 
 
 def _sysv_bytes(attached: bool) -> int:

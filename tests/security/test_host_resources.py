@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from rlsys.config.reward import SandboxConfig
-from rlsys.rewards import sandbox
+from rlsys.rewards import sandbox, sandbox_watch
 from rlsys.rewards.sandbox import run_sandboxed
 
 pytestmark = [
@@ -122,6 +122,25 @@ def test_memory_held_in_files_counts_toward_the_limit(hog, request):
         assert result.returncode == 1 and refused in result.stderr, result
     else:
         assert result.killed_reason == "memory", result
+
+
+def test_memory_put_in_files_shows_before_the_next_exact_count(tmp_path):
+    """The watcher sizes files exactly every few polls; between two counts it reads how much the
+    host's shared memory grew, so 1 GiB of memfds made in less than that interval (0.2 s on a
+    fast Xeon) is counted at the next poll: 64 MiB put in a memfd shows as grown, and an exact
+    count, which sizes it, takes the growth back to about nothing."""
+    files = sandbox_watch._Files(str(tmp_path), sized=True)
+    files.count([os.getpid()])
+    held, size = files.held, 64 * 2**20
+    fd = os.memfd_create("rlsys-test")
+    try:
+        os.posix_fallocate(fd, 0, size)
+        assert files.grown() > size - 8 * 2**20  # slack: the host may free some meanwhile
+        files.count([os.getpid()])
+        assert files.held - held > size - 8 * 2**20
+        assert files.grown() < 8 * 2**20
+    finally:
+        os.close(fd)
 
 
 def test_secret_memory_is_refused():
