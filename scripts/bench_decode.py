@@ -2,7 +2,7 @@
 
     python scripts/bench_decode.py [--model smollm2-135m] [--task arithmetic_chat]
         [--dtype bfloat16] [--workloads 2x8x128,4x8x16] [--variants sdpa,matmul]
-        [--repeats 3] [--natural] [--json out.json]
+        [--repeats 3] [--natural] [--profile N] [--json out.json]
 
 A workload ``PxSxT`` is P prompts (the task's first training prompts, rendered as rlsys sends
 them) x S samples x T new tokens, sampled at temperature 1 in one ``generate`` call. Every row
@@ -33,7 +33,9 @@ generated tokens/s, each variant's speed over the first one's per round and its 
 ``decode_bw_frac``: the weight bytes one decode step reads x the decode steps, over the
 seconds, over this machine's memory-copy bandwidth measured in the same run
 (docs/roofline.md). The load average before each round is recorded: on 2 cores a load above
-~2 means something else shared them. The CPU line (model, AMX) comes first.
+~2 means something else shared them. The CPU line (model, AMX) comes first. ``--profile N``
+adds, per workload, one more call of each variant under ``torch.profiler``, and prints the N
+operations with the most own CPU time: where a variant's seconds go.
 """
 
 from __future__ import annotations
@@ -104,6 +106,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--natural", action="store_true", help="rows end at the model's end tokens (as in RL)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="per workload, one more call of each variant under torch.profiler: its top N ops",
     )
     parser.add_argument("--json", help="write one record per workload here")
     args = parser.parse_args()
@@ -206,6 +215,13 @@ def main() -> int:
             )
         print(f"  load before each round: {', '.join(f'{v:.1f}' for v in loads)}", flush=True)
         records.append(record)
+        for label in variants if args.profile > 0 else []:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                engines[label].generate(batch, sampling)
+            table = prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=args.profile, max_name_column_width=40
+            )
+            print(f"  {label}, one call under torch.profiler:\n{table}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
