@@ -117,8 +117,8 @@ def main() -> int:
     parser.add_argument("--json", help="write one record per workload here")
     args = parser.parse_args()
     workloads = [_workload(w) for w in args.workloads.split(",") if w]
-    if not workloads or args.repeats < 1:
-        parser.error("give at least one workload and --repeats >= 1")
+    if not workloads or args.repeats < 1 or args.profile < 0:
+        parser.error("give at least one workload, --repeats >= 1 and --profile >= 0")
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or len(variants) < 2 or len(set(variants)) < len(variants):
@@ -215,13 +215,14 @@ def main() -> int:
             )
         print(f"  load before each round: {', '.join(f'{v:.1f}' for v in loads)}", flush=True)
         records.append(record)
-        for label in variants if args.profile > 0 else []:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                engines[label].generate(batch, sampling)
-            table = prof.key_averages().table(
-                sort_by="self_cpu_time_total", row_limit=args.profile, max_name_column_width=40
-            )
-            print(f"  {label}, one call under torch.profiler:\n{table}", flush=True)
+        if args.profile:
+            for label in variants:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+                    engines[label].generate(batch, sampling)
+                table = p.key_averages().table(
+                    sort_by="self_cpu_time_total", row_limit=args.profile, max_name_column_width=40
+                )
+                print(f"  {label}, one call under torch.profiler:\n{table}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
