@@ -126,8 +126,8 @@ def test_memory_held_in_files_counts_toward_the_limit(hog, request):
 
 def test_memory_put_in_files_shows_before_the_next_exact_count(tmp_path):
     """The watcher sizes files exactly every few polls; between two counts it reads how much the
-    host's shared memory grew, so 1 GiB of memfds made in less than that interval (0.2 s on a
-    fast Xeon) is counted at the next poll: 64 MiB put in a memfd shows as grown, and an exact
+    host's shared memory grew, so 1 GiB of memfds made in less than that interval (82-89 ms
+    on the 2-core Xeon with AMX) is counted at the next poll: 64 MiB put in a memfd shows as grown, and an exact
     count, which sizes it, takes the growth back to about nothing."""
     files = sandbox_watch._Files(str(tmp_path), sized=True)
     files.count([os.getpid()])
