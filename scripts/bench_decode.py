@@ -24,7 +24,10 @@ linear weights packed for oneDNN once per weight version, ``prepack``; every oth
 multiplies by the plain weights, as the engine did when it was measured; since 2026-11-30 the
 default also prefills the head its distinct prompts share once, rlsys/engines/prefill.py,
 and so do ``shared`` and ``shrink``) and ``unshared`` (``prepacked`` with every row's prompt
-prefilled whole: ``share_prefill`` off, against which the default's prefill shows). Each
+prefilled whole: ``share_prefill`` off, against which the default's prefill shows) and
+``concat`` (``prepacked`` on transformers' dynamic cache, which copies the whole KV cache
+every step: ``cache_in_place`` off; since 2026-12-03 the default and ``shrink`` write each
+step's token in place, rlsys/engines/kv_cache.py). Each
 engine's first two calls of each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
 the second call with a static cache of the final size can still recompile). Then
 ``--repeats`` rounds run the variants in turn (the order rotates each round, so drift on a
@@ -64,6 +67,7 @@ VARIANTS = {
     "shrink": {"decode_attention": "matmul", **PLAIN},  # rows that ended leave the batch
     "prepacked": {"decode_attention": "matmul"},  # the default: shrink, weights prepacked
     "unshared": {"decode_attention": "matmul", "share_prefill": False},  # every row prefilled
+    "concat": {"decode_attention": "matmul", "cache_in_place": False},  # transformers' cache
 }
 
 

@@ -49,9 +49,10 @@ class RolloutConfig:
     # KV cache and a torch.compile'd step; decode_attention: auto|matmul|sdpa, how a decode
     # step attends; share_prefill: true (default) prefills a prompt once for its n samples
     # and the prompts' common head (a chat template's system turn) once for all of them;
-    # shrink_batch: true (default) drops rows that ended from the decode batch; prepack:
-    # true (default) keeps a CPU engine's linear weights packed for oneDNN once per weight
-    # version (rlsys/engines/settings.py); vllm reads rollout.vllm.
+    # shrink_batch: true (default) drops rows that ended from the decode batch, whose KV
+    # cache grows in place (cache_in_place: true, the default); prepack: true (default)
+    # keeps a CPU engine's linear weights packed for oneDNN once per weight version
+    # (rlsys/engines/settings.py); vllm reads rollout.vllm.
     engine_args: dict[str, Any] = field(default_factory=dict)
     num_workers: int = 1  # rollout worker actors
     num_cpus_per_worker: float = 2.0  # also the torch thread count of each worker

@@ -85,7 +85,9 @@ class _Sampler(LogitsProcessor):
         if self.suppress:  # a copy: generate's own scores stay as they were
             index = torch.tensor(self.suppress, device=scores.device)
             scores = scores.index_fill(-1, index, float("-inf"))
-        logp = torch.log_softmax(scores / self.temperature, dim=-1)
+        if self.temperature != 1.0:  # x / 1 is x: a pass over the vocabulary saved
+            scores = scores / self.temperature
+        logp = torch.log_softmax(scores, dim=-1)
         if self.greedy:
             chosen = logp.argmax(-1)
         else:
@@ -196,6 +198,7 @@ class HFEngine:
             and not self.suppress
             and self.model._supports_default_dynamic_cache()
         )
+        self._cache_in_place = own.cache_in_place
         forward_args = inspect.signature(self.model.forward).parameters
         self._one_logit = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self.version = 0
@@ -270,6 +273,7 @@ class HFEngine:
                 self._aborting,
                 cache,
                 self._one_logit,
+                self._cache_in_place,
             )
             new_tokens, logprobs, top = decoded.tokens, decoded.logprobs, decoded.top
         else:

@@ -37,6 +37,11 @@ class HFSettings:
     log-probabilities; off for the compiled loop, vision-language models and stop strings
     (those calls go to ``generate``).
 
+    ``cache_in_place`` keeps that loop's KV cache in buffers with room for the tokens to come,
+    each decode step writing its token in place, where transformers' dynamic cache copies the
+    whole cache every step (rlsys/engines/kv_cache.py). Bit-equal replies and
+    log-probabilities; false only for a custom attention that needs its keys contiguous.
+
     ``prepack`` keeps a CPU engine's linear weights packed in oneDNN's blocked layout, once per
     weight version, instead of ``F.linear`` reordering them on every call
     (rlsys/engines/packed_linear.py): decode steps of a few rows gain most. It costs a second
@@ -56,13 +61,16 @@ class HFSettings:
     share_prefill: bool = True
     # rows that ended leave the decode batch (rlsys's loop, not transformers' generate)
     shrink_batch: bool = True
+    # that loop's KV cache grows in place (room kept for the tokens to come), not by
+    # concatenation every step
+    cache_in_place: bool = True
     # CPU: linear weights prepacked for oneDNN once per weight version
     prepack: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile={self.compile!r} must be true or false")
-        for key in ("share_prefill", "shrink_batch", "prepack"):
+        for key in ("share_prefill", "shrink_batch", "cache_in_place", "prepack"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}={getattr(self, key)!r} must be true or false")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:

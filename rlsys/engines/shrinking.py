@@ -6,7 +6,8 @@ decode steps, ~8 s of SmolLM2's ~11 s RL step on this project's 2-core CPU (most
 for 35 of them). Here a row leaves the batch, its KV cache rows with it, once it ends (a stop
 token, its own budget, or an abort), so the tail costs what its few live rows cost. Rows are
 dropped in bunches (once an eighth of the batch has finished) because each drop copies the
-cache, as every decode step of transformers' dynamic cache already does once.
+cache; between drops each step writes its token into room the cache keeps for it
+(``kv_cache.py``), where transformers' dynamic cache copies the whole cache every step.
 
 Same tokens as ``generate`` under greedy decoding and the same per-token log-probabilities
 (rounding aside); a sampled row draws from the same distribution, with different random
@@ -48,12 +49,16 @@ def shrinking_decode(
     aborting: threading.Event,
     cache=None,
     forward_args: dict | None = None,
+    in_place: bool = True,
 ) -> Decoded:
     """Decode left-padded prompts ``ids`` (B, W) with attention ``mask``, row i for at most
     ``budgets[i]`` tokens. ``cache``: a dynamic KV cache already holding every row's prompt
     but its last token (the engine's shared prefill); None prefills here. ``forward_args``:
-    extra arguments of each forward (``logits_to_keep=1``)."""
+    extra arguments of each forward (``logits_to_keep=1``). ``in_place``: the cache grows in
+    place (``kv_cache.py``) rather than by transformers' concatenation."""
     from transformers import DynamicCache
+
+    from rlsys.engines import kv_cache
 
     extra = forward_args or {}
     rows = len(ids)
@@ -68,6 +73,8 @@ def shrinking_decode(
         inputs, positions = ids, (mask.cumsum(-1) - 1).clamp(min=0)
     else:
         inputs, positions = ids[:, -1:], mask.sum(-1, keepdim=True) - 1
+    if in_place:  # each step writes its token into room kept for it
+        kv_cache.grow_in_place(cache, ids.shape[1] + max(budgets, default=0))
     for _ in range(max(budgets, default=0)):
         out = model(
             input_ids=inputs,
