@@ -36,7 +36,9 @@ generated tokens/s, each variant's speed over the first one's per round and its 
 ``decode_bw_frac``: the weight bytes one decode step reads x the decode steps, over the
 seconds, over this machine's memory-copy bandwidth measured in the same run
 (docs/roofline.md). The load average before each round is recorded: on 2 cores a load above
-~2 means something else shared them. The CPU line (model, AMX) comes first. ``--profile N``
+~2 means something else shared them; so is the share of CPU time stolen during each round
+(/proc/stat: on a virtual machine, time the hypervisor gave other guests, which the load
+average does not show; a round with much of it is noisy). The CPU line (model, AMX) comes first. ``--profile N``
 adds, per workload, one more call of each variant under ``torch.profiler``, and prints the N
 operations with the most own CPU time: where a variant's seconds go.
 """
@@ -81,6 +83,10 @@ def _workload(text: str) -> tuple[int, int, int]:
     if min(prompts, samples, tokens) < 1:
         raise SystemExit(f"--workloads: {text!r} needs every count >= 1")
     return prompts, samples, tokens
+
+
+def _percents(fracs: list[float]) -> str:
+    return ", ".join(f"{f:.0%}" for f in fracs)
 
 
 def _prompt_ids(model: str, task: str, count: int) -> tuple[str, list[list[int]]]:
@@ -134,7 +140,7 @@ def main() -> int:
     from rlsys.engines.hf import HFEngine
     from rlsys.engines.settings import HFSettings
     from rlsys.perf.flops import ModelShape, decode_weight_bytes
-    from rlsys.perf.machine import copy_gbps, cpu_info
+    from rlsys.perf.machine import copy_gbps, cpu_info, cpu_times, steal_frac
     from rlsys.types import SamplingParams
 
     print(cpu_info().line(), flush=True)
@@ -181,13 +187,21 @@ def main() -> int:
             flush=True,
         )
         seconds: dict[str, list[float]] = {v: [] for v in variants}
-        loads = []
+        loads, steals = [], []
         for round_ in range(args.repeats):
             loads.append(os.getloadavg()[0])
             shift = round_ % len(variants)
+            before = cpu_times()
             for label in variants[shift:] + variants[:shift]:
                 seconds[label].append(timed(engines[label], label))
-        record = {"workload": name, "dtype": args.dtype, "loads": loads, "memcpy_gbps": memcpy}
+            steals.append(steal_frac(before, cpu_times()))
+        record = {
+            "workload": name,
+            "dtype": args.dtype,
+            "loads": loads,
+            "steal_fracs": steals,
+            "memcpy_gbps": memcpy,
+        }
         for label, runs in seconds.items():
             median = statistics.median(runs)
             # mean tokens a call generated (every row's budget unless --natural)
@@ -218,6 +232,8 @@ def main() -> int:
                 flush=True,
             )
         print(f"  load before each round: {', '.join(f'{v:.1f}' for v in loads)}", flush=True)
+        if None not in steals:
+            print(f"  CPU time stolen in each round: {_percents(steals)}", flush=True)
         records.append(record)
         if args.profile:
             for label in variants:

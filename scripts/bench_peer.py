@@ -9,7 +9,9 @@ drift on a shared machine falls on both), as separate processes from the same mo
 the same prompts. A run's figure is its median seconds per step after ``--warmup`` steps;
 samples/s is prompts x samples over that. The ratio is rlsys samples/s over TRL's, per pair,
 and its median over pairs is the result. The load average before each run is recorded: on
-2 cores, a load above 2 means something else took a core and the pair is noisy.
+2 cores, a load above 2 means something else took a core and the pair is noisy; so is the
+share of CPU time stolen during the run (/proc/stat: on a virtual machine, time the
+hypervisor gave other guests, which the load average does not show).
 
 The peer lives in its own venv, made once under the rlsys cache (``peer/trl-<version>``):
 the CPU build of torch at rlsys's pinned version (scripts/setup_torch.sh), then
@@ -339,23 +341,28 @@ def main() -> int:
 
 def _pairs(name: str, precision: str, work: Workload, systems: dict, pairs: int) -> list[dict]:
     """Run every system ``pairs`` times, alternating the order; a record per run."""
+    from rlsys.perf.machine import cpu_times, steal_frac
+
     records = []
     for pair in range(pairs):
         order = list(systems) if pair % 2 == 0 else list(reversed(systems))
         for system in order:
-            load = os.getloadavg()[0]
+            load, before = os.getloadavg()[0], cpu_times()
             result = systems[system]()
+            steal = steal_frac(before, cpu_times())
             record = {
                 "workload": name,
                 "precision": precision,
                 "system": system,
                 "pair": pair,
                 "load_before": round(load, 2),
+                "steal_frac": steal,
                 "samples_per_s": work.prompts * work.samples / result["s_per_step"],
                 **result,
             }
             records.append(record)
-            extra = f"  MFU {result['mfu']:.1%}" if "mfu" in result else ""
+            extra = f"  stolen {steal:.0%}" if steal is not None else ""
+            extra += f"  MFU {result['mfu']:.1%}" if "mfu" in result else ""
             if "generation" in result:
                 extra += (
                     f"  (generation {result['generation']:.2f} s, train {result['train']:.2f} s)"

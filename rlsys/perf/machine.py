@@ -78,6 +78,41 @@ def cpu_info(cpuinfo_path: str = "/proc/cpuinfo") -> CpuInfo:
     return CpuInfo(model, cores or 1, "amx_bf16" in flags, "avx512_bf16" in flags)
 
 
+@dataclass(frozen=True)
+class CpuTimes:
+    """All CPUs' time since boot in clock ticks (/proc/stat's first line): the total, and the
+    part stolen (on a virtual machine, time the hypervisor gave another guest while this one
+    had work: a load the load average does not show)."""
+
+    total: int
+    steal: int
+
+
+def cpu_times(stat_path: str = "/proc/stat") -> CpuTimes | None:
+    """This machine's CPU times now; None where /proc/stat is absent (not Linux)."""
+    try:
+        with open(stat_path) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: the guest times are
+    # already inside user and nice, so the total stops at steal
+    ticks = [int(v) for v in fields[1:9]]
+    return CpuTimes(sum(ticks), ticks[7] if len(ticks) > 7 else 0)
+
+
+def steal_frac(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
+    """The share of CPU time stolen between two readings of ``cpu_times``; None without
+    them. On a 2-core guest, 0.25 means a core's worth of time went to other guests half
+    the while: a benchmark's pair measured then is noisy."""
+    if before is None or after is None:
+        return None
+    span = after.total - before.total
+    return (after.steal - before.steal) / span if span > 0 else 0.0
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

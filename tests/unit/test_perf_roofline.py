@@ -13,7 +13,16 @@ from transformers import LlamaConfig
 
 from rlsys.perf import machine
 from rlsys.perf.flops import ModelShape, forward_flops, generation_flops
-from rlsys.perf.machine import MachinePeak, copy_gbps, cpu_info, matmul_tflops, published_tflops
+from rlsys.perf.machine import (
+    CpuTimes,
+    MachinePeak,
+    copy_gbps,
+    cpu_info,
+    cpu_times,
+    matmul_tflops,
+    published_tflops,
+    steal_frac,
+)
 from rlsys.perf.roofline import StepWork, floor_seconds
 from rlsys.trainers.rl.roofline import Roofline
 from rlsys.types import TrainBatch
@@ -70,6 +79,20 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     assert cpu.line().startswith("CPU: Test CPU 9000, ") and "AMX yes" in cpu.line()
     (tmp_path / "plain").write_text("model name\t: Old\nflags\t\t: fpu sse2\n")
     assert not cpu_info(str(tmp_path / "plain")).amx
+
+
+def test_stolen_cpu_time_between_two_readings(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 50 800 10 0 5 35 20 0\ncpu0 50 0 25 400 5 0 2 18 10 0\n")
+    before = cpu_times(str(stat))
+    assert before == CpuTimes(total=1000, steal=35)  # guest time is inside user already
+    stat.write_text("cpu  400 0 150 1100 10 0 5 335 20 0\n")
+    assert steal_frac(before, cpu_times(str(stat))) == pytest.approx(300 / 1000)
+    assert steal_frac(before, before) == 0.0 and steal_frac(None, before) is None
+    assert cpu_times(str(tmp_path / "absent")) is None
+    here = cpu_times()  # this machine's own /proc/stat, on Linux
+    assert here is None or 0 <= here.steal <= here.total
 
 
 def test_published_peaks_by_name_and_dtype():
