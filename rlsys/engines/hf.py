@@ -273,7 +273,7 @@ class HFEngine:
                 self._aborting,
                 cache,
                 self._one_logit,
-                self._cache_in_place,
+                in_place=self._cache_in_place,
             )
             new_tokens, logprobs, top = decoded.tokens, decoded.logprobs, decoded.top
         else:

@@ -41,7 +41,8 @@ class GrowingLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        filled, end = self.get_seq_length(), self.get_seq_length() + key_states.shape[-2]
+        filled = self.get_seq_length()
+        end = filled + key_states.shape[-2]
         if not self._fits(end, key_states, value_states):
             self._reserve(filled, end, key_states, value_states)
         keys, values = self._room

@@ -49,7 +49,8 @@ def shrinking_decode(
     aborting: threading.Event,
     cache=None,
     forward_args: dict | None = None,
-    in_place: bool = True,
+    *,
+    in_place: bool,
 ) -> Decoded:
     """Decode left-padded prompts ``ids`` (B, W) with attention ``mask``, row i for at most
     ``budgets[i]`` tokens. ``cache``: a dynamic KV cache already holding every row's prompt
