@@ -61,6 +61,16 @@ class GrowingLayer(DynamicLayer):
         self._room = (keys, values)
         self.keys, self.values = keys[..., :filled, :], values[..., :filled, :]
 
+    def offload(self) -> None:
+        """Move the filled columns to the CPU and let the device buffers go; the next
+        ``update`` reserves new room and copies them back in."""
+        super().offload()
+        self._room = None
+
+    def reset(self) -> None:
+        super().reset()
+        self._room = None
+
     def _views_room(self) -> bool:
         """Whether ``keys`` are still the leading columns of the buffer (another of the
         dynamic layer's methods, ``reorder_cache`` say, may have replaced them)."""

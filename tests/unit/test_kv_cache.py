@@ -27,7 +27,7 @@ def _states(rows: int, tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tens
 def test_growing_layer_holds_what_the_dynamic_layer_holds(monkeypatch):
     monkeypatch.setattr(kv_cache, "CHUNK", 4)  # steps run past the room several times
     grown, plain = GrowingLayer(limit=12), DynamicLayer()
-    updates = [(5, 5)] + [(5, 1)] * 4 + [(3, 1)] * 6  # prefill, steps, 2 rows dropped, steps
+    updates = [(5, 5)] + [(5, 1)] * 2 + [(3, 1)] * 8  # prefill, steps, 2 rows dropped, steps
     rows = 5
     starts = []
     for step, (batch, tokens) in enumerate(updates):
@@ -36,17 +36,32 @@ def test_growing_layer_holds_what_the_dynamic_layer_holds(monkeypatch):
             grown.batch_select_indices(keep)
             plain.batch_select_indices(keep)
             rows = batch
+            # the kept rows keep their room (9 columns, 7 filled): no fallback to a copy
+            # without room, which the next step would have to reserve afresh
+            assert grown._room[0].shape == (3, 2, 9, 4) and grown._views_room()
         k, v = _states(batch, tokens, step)
         got, want = grown.update(k, v), plain.update(k, v)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert grown.get_seq_length() == plain.get_seq_length()
         starts.append(got[0].data_ptr())
     assert grown.get_seq_length() == 15 and grown._room[0].shape[-2] == 13 + 4  # past limit
-    # prefill reserved 9 columns (5 + CHUNK); the buffers moved only at the drop (step 5,
-    # whose token then needed a 10th column: 12, the limit) and past the limit (step 8, the
-    # 13th token: 13 + CHUNK); every other step wrote in place
+    # prefill reserved 9 columns (5 + CHUNK); the buffers moved at the drop (step 3, the kept
+    # rows' one copy), when the 10th token outgrew them (step 5: 12 columns, the limit) and
+    # past the limit (step 8, the 13th token: 13 + CHUNK); every other step wrote in place
     moved = [i + 1 for i, (a, b) in enumerate(zip(starts, starts[1:], strict=False)) if a != b]
-    assert moved == [5, 8]
+    assert moved == [3, 5, 8]
+
+
+def test_offload_and_reset_let_the_room_go():
+    layer = GrowingLayer(limit=10)
+    layer.update(*_states(2, 3, 0))
+    layer.offload()
+    assert layer._room is None and layer.keys.shape[-2] == 3
+    k, v = _states(2, 1, 1)
+    keys, _ = layer.update(k, v)  # room reserved afresh, the offloaded columns copied in
+    assert keys.shape[-2] == 4 and torch.equal(keys[..., 3:, :], k) and layer._views_room()
+    layer.reset()
+    assert layer._room is None and layer.get_seq_length() == 0
 
 
 def test_a_filled_dynamic_cache_is_taken_over(tiny_model_dir):
@@ -76,10 +91,20 @@ def test_engine_replies_are_bit_equal_to_the_dynamic_caches(tiny_model_dir, monk
     sampling = SamplingParams(n=3, temperature=0.8, max_new_tokens=20, seed=3)
     budgets = [20, 7, 13]  # rows end at different steps: the batch drops rows between
     monkeypatch.setattr(kv_cache, "CHUNK", 8)  # and the cache fills past its first room
+    written = []  # GrowingLayer.update calls while each engine decodes
+    update = GrowingLayer.update
+
+    def counted(layer, *args, **kwargs):
+        written[-1] += 1
+        return update(layer, *args, **kwargs)
+
+    monkeypatch.setattr(GrowingLayer, "update", counted)
     replies = []
     for engine in (grown, plain):
         engine.eos_ids = set()  # every row runs its budget
+        written.append(0)
         replies.append([c for g in engine.generate(prompts, sampling, budgets) for c in g])
+    assert written[0] > 0 and written[1] == 0  # each engine decoded on the cache it was set to
     assert [c.token_ids for c in replies[0]] == [c.token_ids for c in replies[1]]
     assert [c.logprobs for c in replies[0]] == [c.logprobs for c in replies[1]]
     assert [len(c.token_ids) for c in replies[0]] == [b for b in budgets for _ in range(3)]
