@@ -73,7 +73,11 @@ def _slices(
     else:
         parts = [checkpoint(run, flat[rows], rows, use_reentrant=False) for rows in bounds]
     out = torch.cat(parts) if len(parts) > 1 else parts[0]
-    return out if select is not None else out.reshape(*hidden.shape[:-1], -1)
+    if select is None:
+        out = out.reshape(*hidden.shape[:-1], -1)
+    # a tensor of its own, not a view: FSDP2 hooks its backward on the root's outputs and
+    # warns of a view (an in-place op on one would drop the hook); (B, T, k) is a small copy
+    return out.clone() if out._base is not None else out
 
 
 def sliced_forward(

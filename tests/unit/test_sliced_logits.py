@@ -178,3 +178,22 @@ def test_a_model_that_changes_its_logits_falls_back_to_whole_ones(tiny_model_dir
     real = text["attention"][:, 1:].bool()
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(again, got)
+
+
+@pytest.mark.parametrize("slice_tokens", [None, 7])
+def test_an_fsdp2_model_returns_no_view_of_the_sliced_head(
+    tiny_model_dir, text, slice_tokens, one_rank
+):
+    """FSDP2 hooks its backward on the root's outputs and warns (torch 2.13) of any that is a
+    view: the head's (B, T, k) must be a tensor of its own, one slice or many."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+
+    model = load_model(tiny_model_dir, "float32")
+    fully_shard(model)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = _loss_and_grads(model, text, slice_tokens)
+    views = [str(w.message) for w in seen if "returned a view tensor" in str(w.message)]
+    assert views == [] and len(got[3]) > 0
