@@ -37,11 +37,19 @@ def _rows_per_block(logits: torch.Tensor, elements: int | None) -> int:
     return max(1, elements // max(1, logits.shape[-1]))
 
 
-def _scaled(block: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The block in fp32 divided by the temperature: always a new tensor, never the logits'
-    own storage (later steps work on it in place)."""
-    z = block.to(torch.float32, copy=True)
+def _scaled(block: torch.Tensor, temperature: float, out: torch.Tensor | None = None):
+    """The block in fp32 divided by the temperature, in ``out`` (fp32, the block's shape) or
+    a new tensor: never the logits' own storage (later steps work on it in place)."""
+    z = block.to(torch.float32, copy=True) if out is None else out.copy_(block)
     return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _read_only(block: torch.Tensor, temperature: float) -> torch.Tensor:
+    """z of the block for steps that only read it: fp32 logits at temperature 1 are z
+    themselves (no copy of the block), else ``_scaled``."""
+    if block.dtype == torch.float32 and temperature == 1.0:
+        return block
+    return _scaled(block, temperature)
 
 
 def _softmax(z: torch.Tensor, peak: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
@@ -64,7 +72,7 @@ class TokenStats(torch.autograd.Function):
         step = _rows_per_block(logits, elements)
         for start in range(0, n, step):
             rows = slice(start, start + step)
-            z = _scaled(logits[rows], temperature)
+            z = _read_only(logits[rows], temperature)
             peak[rows] = z.amax(-1)
             chosen = z.gather(-1, targets[rows]).squeeze(-1)
             e = (z - peak[rows, None]).exp_()
@@ -82,23 +90,28 @@ class TokenStats(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_entropy):
         logits, targets, peak, total, expected = ctx.saved_tensors
         grad = torch.empty_like(logits)
+        # fp32 logits: each block's gradient is built in its own rows of grad, with no copy
+        # into them at the end (bf16: built in fp32, then cast into grad)
+        own = logits.dtype == torch.float32
         step = _rows_per_block(logits, ctx.elements)
         for start in range(0, logits.shape[0], step):
             rows = slice(start, start + step)
-            z = _scaled(logits[rows], ctx.temperature)
+            z = _scaled(logits[rows], ctx.temperature, grad[rows] if own else None)
             spread = None if grad_entropy is None else torch.sub(expected[rows, None], z)
-            p = _softmax(z, peak[rows], total[rows])
-            if spread is None:  # no entropy term: the log-probability's alone, built in p
-                out = p.mul_(-grad_logp[rows, None])
-            else:  # h p (E[z] - z)
-                out = spread.mul_(p).mul_(grad_entropy[rows, None])
+            p = _softmax(z, peak[rows], total[rows])  # in z's storage, as is all below
+            if spread is None:  # no entropy term: the log-probability's alone
+                p.mul_(-grad_logp[rows, None])
+            else:  # p (h (E[z] - z) - g)
+                spread.mul_(grad_entropy[rows, None])
                 if grad_logp is not None:
-                    out.sub_(p.mul_(grad_logp[rows, None]))
+                    spread.sub_(grad_logp[rows, None])
+                p.mul_(spread)
             if grad_logp is not None:  # + g onehot(t)
-                out.scatter_add_(-1, targets[rows], grad_logp[rows, None])
+                p.scatter_add_(-1, targets[rows], grad_logp[rows, None])
             if ctx.temperature != 1.0:
-                out.div_(ctx.temperature)
-            grad[rows] = out
+                p.div_(ctx.temperature)
+            if not own:
+                grad[rows] = p
         return grad, None, None, None, None
 
 
