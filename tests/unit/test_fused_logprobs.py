@@ -85,3 +85,35 @@ def test_backward_keeps_the_logits_as_they_came():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logp, _ = token_stats(logits, torch.zeros(8, 1, dtype=torch.long))
     assert max(t.numel() * t.element_size() for t in saved) == 8 * 1000 * 2
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_fp32_logits_read_in_place_stay_as_they_came(entropy_grad):
+    """At temperature 1 fp32 logits are read in place and their gradient is built in grad's
+    own rows: strided logits (a slice of wider ones, a transposed layout) give what contiguous
+    ones give, and no logit changes through forward and backward."""
+    torch.manual_seed(2)
+    n, vocab = 13, 200
+    base = torch.randn(n, vocab) * 3
+    targets = torch.randint(0, vocab, (n, 1))
+    g, h = torch.randn(n), torch.randn(n)
+
+    def fused(x, t, temp, eg):
+        return token_stats(x, t, temp, entropy=True, entropy_grad=eg, elements=4 * vocab)
+
+    def run(logits):
+        before = logits.detach().clone()
+        logp, entropy = fused(logits, targets, 1.0, entropy_grad)
+        loss = (logp * g).sum() + ((entropy * h).sum() if entropy_grad else 0.0)
+        grad = torch.autograd.grad(loss, logits)[0]
+        assert torch.equal(logits.detach(), before)  # the logits as they came
+        return logp.detach(), entropy.detach(), grad
+
+    want = run(base.clone().requires_grad_())
+    wide = torch.cat([base, torch.randn(n, 7)], 1).requires_grad_()
+    transposed = base.t().contiguous().t().requires_grad_()
+    for logits in (wide[:, :vocab], transposed):
+        assert not logits.is_contiguous()
+        for a, b in zip(run(logits), want, strict=True):
+            # a strided row sums in another order: within fp32 rounding, as against float64
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
