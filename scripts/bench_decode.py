@@ -27,7 +27,9 @@ and so do ``shared`` and ``shrink``) and ``unshared`` (``prepacked`` with every 
 prefilled whole: ``share_prefill`` off, against which the default's prefill shows) and
 ``concat`` (``prepacked`` on transformers' dynamic cache, which copies the whole KV cache
 every step: ``cache_in_place`` off; since 2026-12-03 the default and ``shrink`` write each
-step's token in place, rlsys/engines/kv_cache.py). Each
+step's token in place, rlsys/engines/kv_cache.py) and ``unfused`` (``prepacked`` with each
+sibling layer packed and called on its own: ``fuse_linears`` off; since 2026-12-04 the
+default multiplies q/k/v and gate/up as one weight each). Each
 engine's first two calls of each workload are timed apart as warm-up (``warmup_s``; for the compiled engine, its compile:
 the second call with a static cache of the final size can still recompile). Then
 ``--repeats`` rounds run the variants in turn (the order rotates each round, so drift on a
@@ -70,6 +72,7 @@ VARIANTS = {
     "prepacked": {"decode_attention": "matmul"},  # the default: shrink, weights prepacked
     "unshared": {"decode_attention": "matmul", "share_prefill": False},  # every row prefilled
     "concat": {"decode_attention": "matmul", "cache_in_place": False},  # transformers' cache
+    "unfused": {"decode_attention": "matmul", "fuse_linears": False},  # q/k/v, gate/up apart
 }
 
 

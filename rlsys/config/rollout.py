@@ -51,7 +51,8 @@ class RolloutConfig:
     # and the prompts' common head (a chat template's system turn) once for all of them;
     # shrink_batch: true (default) drops rows that ended from the decode batch, whose KV
     # cache grows in place (cache_in_place: true, the default); prepack: true (default)
-    # keeps a CPU engine's linear weights packed for oneDNN once per weight version
+    # keeps a CPU engine's linear weights packed for oneDNN once per weight version, with
+    # q/k/v and gate/up as one weight each (fuse_linears: true, the default)
     # (rlsys/engines/settings.py); vllm reads rollout.vllm.
     engine_args: dict[str, Any] = field(default_factory=dict)
     num_workers: int = 1  # rollout worker actors

@@ -206,7 +206,7 @@ class HFEngine:
         # CPU weights packed for oneDNN once per version (the compiled loop packs its own)
         self._prepacked = None
         if own.prepack and not self._compiled and can_prepack(self.model):
-            self._prepacked = PackedLinears(self.model, self.micro)
+            self._prepacked = PackedLinears(self.model, self.micro, fuse=own.fuse_linears)
 
     def _check_awake(self, call: str) -> None:
         if self._parked.parked:
@@ -237,11 +237,15 @@ class HFEngine:
             for _ in range(sampling.n)
         ]
         results: list[Completion] = []
-        for start in range(0, len(flat), self.micro):
-            if self._aborting.is_set():  # later micro-batches never start
-                results.extend(Completion([], [], "abort", self.version) for _ in flat[start:])
-                break
-            results.extend(self._generate_batch(flat[start : start + self.micro], sampling))
+        try:
+            for start in range(0, len(flat), self.micro):
+                if self._aborting.is_set():  # later micro-batches never start
+                    results.extend(Completion([], [], "abort", self.version) for _ in flat[start:])
+                    break
+                results.extend(self._generate_batch(flat[start : start + self.micro], sampling))
+        finally:
+            if self._prepacked is not None:
+                self._prepacked.forget()  # sibling outputs no call claimed
         return [results[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
     def _generate_batch(self, rows: list[tuple], sampling: SamplingParams):

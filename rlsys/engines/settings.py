@@ -47,7 +47,12 @@ class HFSettings:
     (rlsys/engines/packed_linear.py): decode steps of a few rows gain most. It costs a second
     copy of the linear weights in memory and a packing pass after each weight load; bf16
     logits came out bit-equal here, fp32 ones within rounding. Ignored on GPUs, for the
-    compiled loop, and where oneDNN cannot pack the model's dtype on this CPU."""
+    compiled loop, and where oneDNN cannot pack the model's dtype on this CPU.
+
+    ``fuse_linears`` (with ``prepack``) packs the sibling layers a decoder layer multiplies
+    by one input as one weight (``q_proj``/``k_proj``/``v_proj``, ``gate_proj``/``up_proj``):
+    one call of a wider layer each, in place of three and two; the same outputs as the
+    layers packed apart (rlsys/engines/packed_linear.py, "Fused siblings")."""
 
     compile: bool = False
     # torch.compile mode of the decode step; null: "reduce-overhead" on GPUs (CUDA graphs),
@@ -66,11 +71,13 @@ class HFSettings:
     cache_in_place: bool = True
     # CPU: linear weights prepacked for oneDNN once per weight version
     prepack: bool = True
+    # with prepack: q/k/v and gate/up packed as one weight each, one call per group
+    fuse_linears: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile={self.compile!r} must be true or false")
-        for key in ("share_prefill", "shrink_batch", "cache_in_place", "prepack"):
+        for key in ("share_prefill", "shrink_batch", "cache_in_place", "prepack", "fuse_linears"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}={getattr(self, key)!r} must be true or false")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:

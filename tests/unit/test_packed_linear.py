@@ -65,7 +65,9 @@ def test_weights_are_packed_again_after_a_load_or_sleep(tiny_model_dir):
         assert not engine._prepacked.packed
         _same(_replies(engine), _replies(reference), 1e-5)
     engine.sleep()
-    assert not engine._prepacked.weights  # their memory goes with the weights'
+    packed = engine._prepacked  # their memory goes with the weights', fused groups' too
+    assert not packed.packed and not packed.weights
+    assert packed.groups and all(g.weight is None for g in packed.groups)
     engine.wake()
     _same(_replies(engine), _replies(reference), 1e-5)
 
@@ -81,3 +83,107 @@ def test_a_call_with_gradients_uses_the_plain_weights(tiny_model_dir):
     logits.sum().backward()
     trainable = [p for p in engine.model.parameters() if p.requires_grad]
     assert trainable and all(p.grad is not None for p in trainable)
+
+
+class _Siblings(torch.nn.Module):
+    """q/k/v and gate/up layers as a transformers decoder layer names them (q/k/v biased,
+    as Qwen2's)."""
+
+    def __init__(self, width: int, heads: int, kv: int, mlp: int) -> None:
+        super().__init__()
+        self.q_proj = torch.nn.Linear(width, heads)
+        self.k_proj = torch.nn.Linear(width, kv)
+        self.v_proj = torch.nn.Linear(width, kv)
+        self.gate_proj = torch.nn.Linear(width, mlp, bias=False)
+        self.up_proj = torch.nn.Linear(width, mlp, bias=False)
+        self.o_proj = torch.nn.Linear(width, 24)  # no sibling: packed alone
+
+
+SHAPES = {  # (width, q, k/v, mlp), input (batch, tokens)
+    "toy": ((32, 48, 16, 64), (2, 3)),
+    "smollm2-decode-16": ((576, 576, 192, 1536), (16, 1)),
+    "smollm2-decode-8": ((576, 576, 192, 1536), (8, 1)),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_siblings_equal_their_own_packed_layers(dtype, shape):
+    """Each sibling's output, whatever the order of the calls, equals its layer packed alone
+    bit for bit; an output kept for a sibling is not handed to a call with another input, or
+    with the same tensor changed in place since, and none is kept for an inference tensor."""
+    from rlsys.engines.packed_linear import PackedLinears, sibling_groups
+
+    torch.manual_seed(0)
+    dims, rows = SHAPES[shape]
+    model = _Siblings(*dims).to(dtype)
+    if not can_prepack(model):
+        pytest.skip(f"oneDNN cannot pack {dtype} on this CPU")
+    names = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "o_proj")
+    alone = _Siblings(*dims).to(dtype)
+    alone.load_state_dict(model.state_dict())
+    fused, single = PackedLinears(model, rows[0]), PackedLinears(alone, rows[0], fuse=False)
+    assert [len(g.layers) for g in fused.groups] == [3, 2] and not single.groups
+    assert len(sibling_groups(model)) == 2
+    fused.pack(), single.pack()
+    attention = fused.groups[0]
+    x, y = (torch.randn(*rows, dims[0], dtype=dtype) for _ in range(2))
+
+    def check(inputs, order):
+        for name, z in zip(order, inputs, strict=True):
+            got = getattr(model, name)(z)
+            want = getattr(alone, name)(z)
+            assert got.shape == want.shape == (*rows, getattr(model, name).out_features)
+            assert torch.equal(got, want), name
+
+    with torch.no_grad():
+        model.q_proj(x)
+        assert len(attention.kept) == 2  # k's and v's outputs, computed with q's
+        model.k_proj(x), model.v_proj(x)
+        assert not attention.kept  # claimed
+        check([x] * 6, names)  # the decoder layer's order
+        check([x] * 6, names[::-1])  # siblings before the first
+        check([x, y, x, y, x, y], names)  # another input between siblings
+        model.q_proj(x)
+        x.mul_(2.0)  # changed in place after q_proj kept k's and v's outputs for it
+        check([x, x], ("k_proj", "v_proj"))
+        fused.forget()
+        assert not any(g.kept for g in fused.groups)
+    with torch.inference_mode():
+        z = torch.randn(*rows, dims[0], dtype=dtype)
+        check([z] * 6, names)
+        assert not any(g.kept for g in fused.groups)  # an inference tensor has no version
+    with torch.no_grad():
+        assert fused.packed
+        fused.drop()
+        assert not fused.packed and all(g.weight is None and not g.kept for g in fused.groups)
+        plain = torch.nn.functional.linear(x, model.k_proj.weight, model.k_proj.bias)
+        torch.testing.assert_close(model.k_proj(x), plain)  # dropped: F.linear
+
+
+def test_the_engine_fuses_each_decoder_layer_s_siblings(tiny_model_dir, monkeypatch):
+    """The engine multiplies each decoder layer's q/k/v and gate/up once per forward, with
+    the replies of the layers packed apart, and keeps nothing after a generate."""
+    from rlsys.engines import packed_linear
+
+    engine = _engine(tiny_model_dir, "float32", True)
+    if engine._prepacked is None:
+        pytest.skip("oneDNN cannot pack float32 on this CPU")
+    layers = engine.model.config.num_hidden_layers
+    assert [len(g.layers) for g in engine._prepacked.groups] == [3, 2] * layers
+    unfused = HFEngine(
+        tiny_model_dir, "float32", RolloutConfig(), settings=HFSettings(fuse_linears=False)
+    )
+    assert unfused._prepacked is not None and not unfused._prepacked.groups
+    calls = []
+    real = packed_linear._linear
+    monkeypatch.setattr(packed_linear, "_linear", lambda *a: calls.append(1) or real(*a))
+    fused_replies = _replies(engine)
+    fused_calls, calls[:] = len(calls), []
+    _same(fused_replies, _replies(unfused), 0)
+    # per forward: 7 packed calls a decoder layer and the head apart, 4 and the head fused
+    forwards = len(calls) // (7 * layers + 1)
+    assert forwards > 0 and len(calls) == forwards * (7 * layers + 1)
+    assert fused_calls == forwards * (4 * layers + 1)
+    assert not any(g.kept for g in engine._prepacked.groups)
+    _same(_replies(engine, seed=5), _replies(unfused, seed=5), 0)
