@@ -62,11 +62,17 @@ def sibling_groups(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, ...]]:
             layers = tuple(getattr(module, name, None) for name in names)
             if not all(type(layer) is torch.nn.Linear for layer in layers):
                 continue
-            if len({(layer.in_features, layer.weight.dtype) for layer in layers}) == 1 and (
-                len({layer.bias is None for layer in layers}) == 1
-            ):
+            kinds = {
+                (layer.in_features, layer.weight.dtype, layer.bias is None) for layer in layers
+            }
+            if len(kinds) == 1:
                 groups.append(layers)
     return groups
+
+
+def _pack(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
+    """``weight`` (out, in) reordered into oneDNN's blocked layout for ~``rows_hint`` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -88,8 +94,7 @@ class _Group:
         self.kept: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
 
     def pack(self, rows_hint: int) -> None:
-        weight = torch.cat([layer.weight.detach() for layer in self.layers])
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
+        self.weight = _pack(torch.cat([layer.weight.detach() for layer in self.layers]), rows_hint)
         if self.layers[0].bias is not None:
             self.bias = torch.cat([layer.bias.detach() for layer in self.layers])
 
@@ -119,6 +124,7 @@ class PackedLinears:
         self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
         self.groups = [_Group(layers) for layers in sibling_groups(model)] if fuse else []
         group_of = {id(layer): group for group in self.groups for layer in group.layers}
+        self.alone = [layer for layer in self.layers if id(layer) not in group_of]
         self.weights: dict[int, torch.Tensor] = {}  # id(layer) -> packed weight; {}: none
         self._packed = False
         for layer in self.layers:
@@ -143,13 +149,8 @@ class PackedLinears:
         """Pack every layer's current weight (a no-op while packed)."""
         if self._packed:
             return
-        grouped = {id(layer) for group in self.groups for layer in group.layers}
-        for layer in self.layers:
-            if id(layer) not in grouped:
-                weight = layer.weight.detach()
-                self.weights[id(layer)] = torch.ops.mkldnn._reorder_linear_weight(
-                    weight, self.rows_hint
-                )
+        for layer in self.alone:
+            self.weights[id(layer)] = _pack(layer.weight, self.rows_hint)
         for group in self.groups:
             group.pack(self.rows_hint)
         self._packed = True
